@@ -1,0 +1,67 @@
+"""prompt-outbox: a durable outbox for prompts sent to AI-agent sessions, on Valkey.
+
+Accept a prompt into Valkey and answer at once; a detached worker delivers it later. Killed
+clients, workers, agents or Valkey never lose an accepted prompt (see the README).
+"""
+
+from .callbacks import (
+    Deliverer,
+    DismissResult,
+    Hook,
+    LedgerProbe,
+    RetryResult,
+    Verdict,
+    Verifier,
+)
+from .entry import Entry, Status
+from .errors import (
+    AmbiguousError,
+    Duplicate,
+    OutboxFull,
+    PriorAttemptPendingError,
+    TransientDeliveryError,
+    ambiguous,
+    prior_attempt_pending,
+    transient,
+)
+from .ledger import (
+    LEDGER_STATE_ADMITTED,
+    LEDGER_STATE_FAILED,
+    LEDGER_STATE_LEDGERED,
+    LEDGER_STATE_PROMOTED,
+    LEDGER_STATE_STALLED,
+    LEDGER_STATE_TURN_ENDED,
+    LEDGER_STATES,
+)
+from .outbox import Outbox
+from .settings import Tunables
+
+__all__ = [
+    "LEDGER_STATES",
+    "LEDGER_STATE_ADMITTED",
+    "LEDGER_STATE_FAILED",
+    "LEDGER_STATE_LEDGERED",
+    "LEDGER_STATE_PROMOTED",
+    "LEDGER_STATE_STALLED",
+    "LEDGER_STATE_TURN_ENDED",
+    "AmbiguousError",
+    "Deliverer",
+    "DismissResult",
+    "Duplicate",
+    "Entry",
+    "Hook",
+    "LedgerProbe",
+    "Outbox",
+    "OutboxFull",
+    "PriorAttemptPendingError",
+    "RetryResult",
+    "Status",
+    "TransientDeliveryError",
+    "Tunables",
+    "Verdict",
+    "Verifier",
+    "ambiguous",
+    "prior_attempt_pending",
+    "transient",
+]
+__version__ = "0.1.0"

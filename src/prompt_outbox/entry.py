@@ -1,0 +1,189 @@
+"""Entry, its statuses, and the JSON codec that keeps the caller's ``model`` JSON byte for byte."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from .timeutil import format_time, parse_time
+
+
+class Status(StrEnum):
+    """Where an entry stands. Only PENDING and VERIFYING (and DELIVERING) block the session."""
+
+    PENDING = "pending"
+    DELIVERING = "delivering"
+    VERIFYING = "verifying"
+    ERROR = "error"
+    PARKED = "parked"
+
+
+BLOCKING_STATUSES = frozenset({Status.PENDING, Status.DELIVERING, Status.VERIFYING})
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One accepted prompt. Attributes are the seed's fields in snake_case.
+
+    ``model`` is the caller's raw JSON text, stored and returned unchanged. ``blocked_by_in_flight``
+    and ``in_flight_for`` (seconds) are set by ``Outbox.list`` only and never stored.
+    """
+
+    id: str
+    client_message_id: str
+    user_id: str
+    text: str
+    accepted_at: datetime
+    status: Status = Status.PENDING
+    model: str | None = None
+    attempts: int = 0
+    last_attempt_at: datetime | None = None
+    verify_attempts: int = 0
+    transient_fails: int = 0
+    next_attempt_at: datetime | None = None
+    last_error: str = ""
+    blocked_by_in_flight: bool = field(default=False, compare=False)
+    in_flight_for: float = field(default=0.0, compare=False)
+
+    def to_json(self) -> str:
+        """The stored form: the seed's field names, ``model`` spliced in as raw JSON."""
+        return encode_entry(self, with_list_fields=False)
+
+    def to_list_json(self) -> str:
+        """The List form: also carries blockedByInFlight / inFlightFor (integer nanoseconds)."""
+        return encode_entry(self, with_list_fields=True)
+
+    @classmethod
+    def from_json(cls, raw: str) -> Entry:
+        """Decode a stored entry; raises ValueError on anything that is not one."""
+        return decode_entry(raw)
+
+
+class EntryDecodeError(ValueError):
+    """A stored or seeded string is not a valid entry."""
+
+
+def encode_entry(e: Entry, *, with_list_fields: bool) -> str:
+    dump = json.dumps
+    parts = [
+        f'"id":{dump(e.id)}',
+        f'"clientMessageID":{dump(e.client_message_id)}',
+        f'"userID":{dump(e.user_id)}',
+        f'"text":{dump(e.text, ensure_ascii=False)}',
+    ]
+    if e.model is not None:
+        parts.append(f'"model":{e.model}')
+    parts.append(f'"acceptedAt":{dump(format_time(e.accepted_at))}')
+    parts.append(f'"attempts":{e.attempts}')
+    if e.last_attempt_at is not None:
+        parts.append(f'"lastAttemptAt":{dump(format_time(e.last_attempt_at))}')
+    if e.verify_attempts:
+        parts.append(f'"verifyAttempts":{e.verify_attempts}')
+    if e.transient_fails:
+        parts.append(f'"transientFails":{e.transient_fails}')
+    if e.next_attempt_at is not None:
+        parts.append(f'"nextAttemptAt":{dump(format_time(e.next_attempt_at))}')
+    if e.last_error:
+        parts.append(f'"lastError":{dump(e.last_error, ensure_ascii=False)}')
+    parts.append(f'"status":{dump(str(e.status))}')
+    if with_list_fields and e.blocked_by_in_flight:
+        parts.append('"blockedByInFlight":true')
+    if with_list_fields and e.in_flight_for:
+        parts.append(f'"inFlightFor":{round(e.in_flight_for * 1e9)}')
+    return "{" + ",".join(parts) + "}"
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def raw_object_fields(raw: str) -> dict[str, tuple[Any, str]]:
+    """Split a JSON object into {key: (decoded value, raw value text)} at the top level only.
+
+    The raw text is what lets ``model`` survive unchanged: json.loads would re-encode it.
+    """
+    out: dict[str, tuple[Any, str]] = {}
+    i = _WS.match(raw, 0).end()  # type: ignore[union-attr]
+    if raw[i : i + 1] != "{":
+        raise EntryDecodeError("an entry must be a JSON object")
+    i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+    if raw[i : i + 1] == "}":
+        i += 1
+    else:
+        while True:
+            if raw[i : i + 1] != '"':
+                raise EntryDecodeError(f"expected a key at offset {i}")
+            key, i = json.decoder.scanstring(raw, i + 1)  # type: ignore[attr-defined]
+            i = _WS.match(raw, i).end()  # type: ignore[union-attr]
+            if raw[i : i + 1] != ":":
+                raise EntryDecodeError(f"expected ':' at offset {i}")
+            i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+            value, end = _DECODER.raw_decode(raw, i)
+            out[key] = (value, raw[i:end])
+            i = _WS.match(raw, end).end()  # type: ignore[union-attr]
+            sep = raw[i : i + 1]
+            i += 1
+            if sep == "}":
+                break
+            if sep != ",":
+                raise EntryDecodeError(f"expected ',' or '}}' at offset {i - 1}")
+            i = _WS.match(raw, i).end()  # type: ignore[union-attr]
+    if raw[_WS.match(raw, i).end() :]:  # type: ignore[union-attr]
+        raise EntryDecodeError("trailing data after the entry object")
+    return out
+
+
+def decode_entry(raw: str) -> Entry:
+    try:
+        fields = raw_object_fields(raw)
+    except json.JSONDecodeError as exc:
+        raise EntryDecodeError(f"entry is not valid JSON: {exc}") from exc
+
+    def get(name: str, kind: type, default: Any) -> Any:
+        if name not in fields or fields[name][0] is None:
+            return default
+        value = fields[name][0]
+        if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+            raise EntryDecodeError(f"entry field {name!r} must be {kind.__name__}")
+        return value
+
+    def get_time(name: str) -> datetime | None:
+        text = get(name, str, "")
+        if not text:
+            return None
+        try:
+            return parse_time(text)
+        except ValueError as exc:
+            raise EntryDecodeError(f"entry field {name!r} is not an RFC 3339 time") from exc
+
+    entry_id = get("id", str, "")
+    if not entry_id:
+        raise EntryDecodeError("entry has no id")
+    accepted_at = get_time("acceptedAt")
+    if accepted_at is None:
+        raise EntryDecodeError("entry has no acceptedAt")
+    try:
+        status = Status(get("status", str, Status.PENDING))
+    except ValueError as exc:
+        raise EntryDecodeError(f"entry has an unknown status: {exc}") from exc
+    model_field = fields.get("model")
+    model = None if model_field is None or model_field[0] is None else model_field[1]
+    return Entry(
+        id=entry_id,
+        client_message_id=get("clientMessageID", str, ""),
+        user_id=get("userID", str, ""),
+        text=get("text", str, ""),
+        model=model,
+        accepted_at=accepted_at,
+        attempts=get("attempts", int, 0),
+        last_attempt_at=get_time("lastAttemptAt"),
+        verify_attempts=get("verifyAttempts", int, 0),
+        transient_fails=get("transientFails", int, 0),
+        next_attempt_at=get_time("nextAttemptAt"),
+        last_error=get("lastError", str, ""),
+        status=status,
+    )

@@ -1,0 +1,58 @@
+"""The outcome classes a deliverer raises, and the errors Accept raises."""
+
+from __future__ import annotations
+
+
+class Duplicate(Exception):
+    """The clientMessageID was already accepted; ``accepted_id`` is the original entry's ID.
+
+    Not a failure: callers answer with the original ID (HTTP 200).
+    """
+
+    def __init__(self, accepted_id: str) -> None:
+        super().__init__(f"clientMessageID already accepted as {accepted_id}")
+        self.accepted_id = accepted_id
+
+
+class OutboxFull(Exception):
+    """The session's outbox holds ``cap`` entries already (the seed's ErrCapped)."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(f"session outbox is full ({cap} entries)")
+        self.cap = cap
+
+
+class _WrappedDeliveryError(Exception):
+    """Base of the deliverer outcome wrappers: carries the underlying error as ``err``."""
+
+    def __init__(self, err: BaseException | str) -> None:
+        self.err: BaseException = err if isinstance(err, BaseException) else Exception(err)
+        super().__init__(str(self.err))
+        self.__cause__ = self.err
+
+
+class AmbiguousError(_WrappedDeliveryError):
+    """The send's outcome is UNKNOWN (timeout mid-turn, transport cut): verify, never re-send."""
+
+
+class TransientDeliveryError(_WrappedDeliveryError):
+    """No attempt was driven (endpoint resolve failed...): retry without minting an attempt."""
+
+
+class PriorAttemptPendingError(_WrappedDeliveryError):
+    """The prior attempt's ledger row is still pending: retry without minting an attempt."""
+
+
+def ambiguous(err: BaseException | str) -> AmbiguousError:
+    """Wrap ``err`` as an unknown-outcome failure: ``raise ambiguous(exc) from exc``."""
+    return AmbiguousError(err)
+
+
+def transient(err: BaseException | str) -> TransientDeliveryError:
+    """Wrap ``err`` as a failure in which no attempt was driven."""
+    return TransientDeliveryError(err)
+
+
+def prior_attempt_pending(err: BaseException | str) -> PriorAttemptPendingError:
+    """Wrap ``err`` as the agent still owning the prior attempt."""
+    return PriorAttemptPendingError(err)

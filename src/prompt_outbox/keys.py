@@ -1,0 +1,105 @@
+"""The storage layout (DESIGN.md section 3) and the ID checks that keep callers inside it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+MAX_CLIENT_MESSAGE_ID = 256
+
+WORKSPACES = "outboxworkspaces"
+"""ZSET of workspaces that may hold work, score = last accept (ms). The only untagged key."""
+
+WAKE_CHANNEL = "outboxwake"
+"""Pub/sub channel an accept publishes its workspace on, so a waiting run loop starts at once."""
+
+
+def check_id(kind: str, value: object) -> str:
+    """Return ``value`` if it is a safe workspace / session / entry ID, else raise ValueError."""
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise ValueError(f"{kind} must match [A-Za-z0-9._-]{{1,128}}, got {value!r}")
+    return value
+
+
+def check_client_message_id(value: object) -> str:
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_CLIENT_MESSAGE_ID
+        or not value.isprintable()
+        or any(c.isspace() for c in value)
+    ):
+        raise ValueError(
+            f"clientMessageID must be 1-{MAX_CLIENT_MESSAGE_ID} printable characters "
+            f"without whitespace, got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceKeys:
+    """Per-workspace index keys; all share the ``{ws}`` hash tag with the session keys."""
+
+    ws: str
+
+    @property
+    def sessions(self) -> str:
+        """SET of sessions holding any entry (queue or staging)."""
+        return f"outboxsessions:{{{self.ws}}}"
+
+    @property
+    def ready(self) -> str:
+        """ZSET session -> ms when it next needs a worker (head due time, or lease expiry)."""
+        return f"outboxready:{{{self.ws}}}"
+
+    @property
+    def errors(self) -> str:
+        """SET of sessions holding at least one error entry (the parked-error sweep's work)."""
+        return f"outboxerrors:{{{self.ws}}}"
+
+    @property
+    def scan_pattern(self) -> str:
+        """Matches every key of this workspace (the ID charset holds no glob characters)."""
+        return f"outbox*:{{{self.ws}}}*"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    ws: str
+    ses: str
+
+    @property
+    def workspace(self) -> WorkspaceKeys:
+        return WorkspaceKeys(self.ws)
+
+    @property
+    def queue(self) -> str:
+        return f"outboxq:{{{self.ws}}}:{{{self.ses}}}"
+
+    @property
+    def staging(self) -> str:
+        return f"outboxd:{{{self.ws}}}:{{{self.ses}}}"
+
+    @property
+    def lock(self) -> str:
+        return f"outboxlock:{{{self.ws}}}:{{{self.ses}}}"
+
+    def dedupe(self, client_message_id: str) -> str:
+        return f"outboxdedupe:{{{self.ws}}}:{{{self.ses}}}:{client_message_id}"
+
+    def claim(self, entry_id: str) -> str:
+        """Who claimed this entry (complete.lua): lets a claimer whose reply was lost know."""
+        return f"outboxclaim:{{{self.ws}}}:{{{self.ses}}}:{entry_id}"
+
+    def script_keys(self) -> list[str]:
+        """The KEYS every session transition script takes, in this order."""
+        w = self.workspace
+        return [self.queue, self.staging, self.lock, w.ready, w.sessions, w.errors]
+
+
+def session_keys(ws: str, ses: str) -> SessionKeys:
+    return SessionKeys(check_id("workspace ID", ws), check_id("session ID", ses))
+
+
+def workspace_keys(ws: str) -> WorkspaceKeys:
+    return WorkspaceKeys(check_id("workspace ID", ws))

@@ -1,0 +1,52 @@
+"""Tunables: the seed's knobs (and a few of ours) in one frozen object passed to the Outbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+_MINUTE = 60.0
+_HOUR = 60 * _MINUTE
+
+
+@dataclass(frozen=True, slots=True)
+class Tunables:
+    """Every duration is float seconds. Defaults are the seed's; tests pass small values.
+
+    ``lock_ttl`` 0 means "delivery_timeout + 2 min" (the seed's rule). Beyond the seed:
+    ``lease_ttl`` is the short delivery-lock lease the living worker renews (a killed worker's
+    session unfreezes after at most this long); ``lock_ttl`` is the hard ceiling on one hold.
+    """
+
+    max_attempts: int = 5
+    cap: int = 25
+    dedupe_ttl: float = 24 * _HOUR
+    delivery_timeout: float = 10 * _MINUTE
+    retry_backoff: float = 10.0
+    max_backoff: float = 2 * _MINUTE
+    lock_ttl: float = 0.0
+    verify_delay: float = 3.0
+    verify_backoff: float = 3.0
+    max_verify_backoff: float = 2 * _MINUTE
+    max_verify_attempts: int = 40
+    max_transient_failures: int = 20
+    parked_sweep_interval: float = 60.0
+    # Ours: the lease, the worker pool, and the safety nets.
+    lease_ttl: float = 30.0
+    concurrency: int = 64
+    repair_interval: float = 5 * _MINUTE
+    idle_workspace_ttl: float = _HOUR
+    bookkeeping_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.lock_ttl == 0:
+            object.__setattr__(self, "lock_ttl", self.delivery_timeout + 2 * _MINUTE)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"Tunables.{f.name} must be a positive number, got {value!r}")
+        if self.lock_ttl <= self.delivery_timeout:
+            raise ValueError("Tunables.lock_ttl must exceed delivery_timeout")
+        if self.lease_ttl > self.lock_ttl:
+            raise ValueError("Tunables.lease_ttl must not exceed lock_ttl")
+        if self.max_backoff < self.retry_backoff or self.max_verify_backoff < self.verify_backoff:
+            raise ValueError("Tunables: a max backoff must not be below its base")

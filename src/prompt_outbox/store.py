@@ -1,0 +1,280 @@
+"""The only module that talks to Valkey: one method per Lua transition, plus index reads.
+
+Every session transition is one EVALSHA (valkey-py's Script objects reload on NOSCRIPT, which
+a restarted server answers since its script cache is not persisted). Replies are normalised to
+``str`` whether or not the client decodes responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from valkey.asyncio import Valkey
+from valkey.commands.core import AsyncScript
+from valkey.exceptions import NoScriptError
+
+from .keys import WAKE_CHANNEL, WORKSPACES, SessionKeys, WorkspaceKeys
+
+_SCRIPTS = (
+    "accept",
+    "acquire",
+    "stage",
+    "complete",
+    "restore",
+    "requeue",
+    "replace",
+    "renew",
+    "release",
+    "lock",
+    "snapshot",
+    "seed",
+    "repair",
+    "prune_workspace",
+)
+
+_CLAIM_MARKER_TTL_MS = 3_600_000  # far longer than any retry of one completion
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _load_sources() -> dict[str, str]:
+    folder = resources.files("prompt_outbox") / "lua"
+    prelude = (folder / "lib.lua").read_text()
+    return {name: prelude + "\n" + (folder / f"{name}.lua").read_text() for name in _SCRIPTS}
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """What acquire.lua found: kind is busy | staged | head | wait | idle."""
+
+    kind: str
+    entries: list[str]
+    due_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    queue: list[str]
+    staging: list[str]
+    lock_value: str
+    lock_pttl_ms: int
+
+    @property
+    def locked(self) -> bool:
+        return bool(self.lock_value)
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptReply:
+    """kind is ok | dup (detail = accepted ID) | full (detail = current length)."""
+
+    kind: str
+    detail: str = ""
+
+
+class Store:
+    """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's."""
+
+    def __init__(self, client: Valkey) -> None:
+        self.client = client
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(src) for name, src in _load_sources().items()
+        }
+
+    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._scripts[name](keys=list(keys), args=list(args))
+
+    async def _registered_eval(
+        self, ws: str, now_ms: int, name: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> Any:
+        """ZADD the workspace registry, EVALSHA, PUBLISH a wake-up: one pipelined round trip.
+
+        The registry write goes FIRST so a concurrent prune cannot drop a workspace that is
+        about to hold work (prune_workspace.lua compares the score it read). On NOSCRIPT (a
+        restarted server) the script did not run, so loading it and sending again is safe.
+        """
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zadd(WORKSPACES, {ws: now_ms})
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.publish(WAKE_CHANNEL, ws)
+            replies = await pipe.execute(raise_on_error=False)
+            if isinstance(replies[1], NoScriptError) and attempt == 1:
+                await self.client.script_load(script.script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies[1]
+        raise AssertionError("unreachable")
+
+    # -- transitions -----------------------------------------------------------------------
+
+    async def accept(
+        self,
+        k: SessionKeys,
+        cmid: str,
+        entry: str,
+        entry_id: str,
+        cap: int,
+        ttl_ms: int,
+        now_ms: int,
+    ) -> AcceptReply:
+        """Dedupe, cap, push, then the marker (accept.lua), registered and announced."""
+        keys = [*k.script_keys(), k.dedupe(cmid)]
+        args = [k.ses, entry, entry_id, cap, ttl_ms, now_ms]
+        reply = [_text(x) for x in await self._registered_eval(k.ws, now_ms, "accept", keys, args)]
+        return AcceptReply(reply[0], reply[1] if len(reply) > 1 else "")
+
+    async def acquire(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> Acquired:
+        reply = [
+            _text(x)
+            for x in await self._run("acquire", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
+        ]
+        kind, rest = reply[0], reply[1:]
+        if kind == "wait":
+            return Acquired(kind, [], int(rest[0]))
+        return Acquired(kind, rest)
+
+    async def stage(self, k: SessionKeys, lockval: str, original: str, staged: str) -> str:
+        return _text(await self._run("stage", k.script_keys(), [lockval, original, staged]))
+
+    async def complete(
+        self, k: SessionKeys, entry_id: str, lockval: str, now_ms: int, *, release: bool
+    ) -> int:
+        """Copies removed (>= 1: this caller fires OnDelivered); -1: another holds the lock."""
+        args = [k.ses, entry_id, lockval, now_ms, "1" if release else "0", _CLAIM_MARKER_TTL_MS]
+        return int(await self._run("complete", [*k.script_keys(), k.claim(entry_id)], args))
+
+    async def restore(
+        self, k: SessionKeys, lockval: str, staged: str, new: str, now_ms: int, *, release: bool
+    ) -> str:
+        args = [k.ses, lockval, staged, new, now_ms, "1" if release else "0"]
+        return _text(await self._run("restore", k.script_keys(), args))
+
+    async def requeue(
+        self, k: SessionKeys, lockval: str, now_ms: int, staged: Sequence[str], new: Sequence[str]
+    ) -> int:
+        """Entries requeued; -1 lock lost, -2 staging changed since it was read."""
+        args = [k.ses, lockval, now_ms, len(staged), *staged, *new]
+        return int(await self._run("requeue", k.script_keys(), args))
+
+    async def replace(
+        self,
+        k: SessionKeys,
+        lockval: str,
+        now_ms: int,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        release: bool = False,
+    ) -> int:
+        """Pairs applied; -1 while another holder owns the session. New '' deletes."""
+        flat = [s for pair in pairs for s in pair]
+        args = [k.ses, lockval, now_ms, "1" if release else "0", *flat]
+        return int(await self._run("replace", k.script_keys(), args))
+
+    async def renew(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
+        return (
+            int(await self._run("renew", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])) == 1
+        )
+
+    async def release(self, k: SessionKeys, lockval: str, now_ms: int) -> bool:
+        return int(await self._run("release", k.script_keys(), [k.ses, lockval, now_ms])) == 1
+
+    async def lock(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
+        return (
+            int(await self._run("lock", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])) == 1
+        )
+
+    async def seed(self, k: SessionKeys, raw: str, now_ms: int) -> None:
+        await self._registered_eval(k.ws, now_ms, "seed", k.script_keys(), [k.ses, raw, now_ms])
+
+    async def repair(self, k: SessionKeys, now_ms: int) -> None:
+        """Re-derive one session's index entries from its lists (the slow safety net)."""
+        await self._run("repair", k.script_keys(), [k.ses, now_ms])
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def snapshot(self, k: SessionKeys) -> Snapshot:
+        q, d, lockval, pttl = await self._run("snapshot", k.script_keys(), [])
+        return Snapshot([_text(x) for x in q], [_text(x) for x in d], _text(lockval), int(pttl))
+
+    async def workspaces(self) -> dict[str, int]:
+        """Registered workspaces -> last accept (ms)."""
+        rows = await self.client.zrange(WORKSPACES, 0, -1, withscores=True)
+        return {_text(ws): int(score) for ws, score in rows}
+
+    async def members(self, key: str) -> list[str]:
+        members: set[Any] = await self.client.smembers(key)  # type: ignore[misc]
+        return sorted(_text(x) for x in members)
+
+    async def due_sessions(
+        self, workspaces: Sequence[str], now_ms: int, limit: int
+    ) -> tuple[list[tuple[str, str]], int | None]:
+        """Sessions due now (at most ``limit`` per workspace) and the earliest later score."""
+        if not workspaces:
+            return [], None
+        pipe = self.client.pipeline(transaction=False)
+        for ws in workspaces:
+            ready = WorkspaceKeys(ws).ready
+            pipe.zrangebyscore(ready, "-inf", now_ms, start=0, num=limit)
+            pipe.zrangebyscore(ready, f"({now_ms}", "+inf", start=0, num=1, withscores=True)
+        replies = await pipe.execute(raise_on_error=True)
+        due: list[tuple[str, str]] = []
+        nxt: int | None = None
+        for i, ws in enumerate(workspaces):
+            due.extend((ws, _text(ses)) for ses in replies[2 * i])
+            for _, score in replies[2 * i + 1]:
+                nxt = int(score) if nxt is None else min(nxt, int(score))
+        return due, nxt
+
+    async def staging_lengths(self, keys: Sequence[SessionKeys]) -> list[int]:
+        pipe = self.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.llen(k.staging)
+        return [int(n) for n in await pipe.execute(raise_on_error=True)]
+
+    async def prune_idle_workspace(self, ws: str, score_ms: int) -> bool:
+        """Drop an idle workspace from the registry unless an accept touched it since."""
+        key = WorkspaceKeys(ws).sessions
+        sessions: int = await self.client.scard(key)  # type: ignore[misc]
+        if sessions:
+            return False
+        return int(await self._run("prune_workspace", [WORKSPACES], [ws, score_ms])) == 1
+
+    async def cleanup_workspace(self, w: WorkspaceKeys) -> int:
+        """Delete every key of the workspace (found by pattern: an admin action, not a tick)."""
+        removed = 0
+        batch: list[Any] = []
+        async for key in self.client.scan_iter(match=w.scan_pattern, count=500):
+            batch.append(key)
+            if len(batch) >= 500:
+                removed += int(await self.client.delete(*batch))
+                batch.clear()
+        if batch:
+            removed += int(await self.client.delete(*batch))
+        await self.client.zrem(WORKSPACES, w.ws)
+        return removed
+
+    # -- wake-ups --------------------------------------------------------------------------
+
+    async def wake_ups(self) -> AsyncIterator[str]:
+        """Yield the workspace of every accept published on the wake channel, until cancelled."""
+        pubsub = self.client.pubsub()
+        try:
+            await pubsub.subscribe(WAKE_CHANNEL)
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if msg is not None and msg.get("type") == "message":
+                    yield _text(msg["data"])
+                else:
+                    await asyncio.sleep(0)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -1,0 +1,41 @@
+"""UTC time helpers: the RFC 3339 form entries store, and the milliseconds scripts compare."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+Clock = Callable[[], datetime]
+"""Returns the current time as an aware UTC datetime. Tests pass a controllable one."""
+
+# Go writes the zero time.Time for an unset omitempty time; treat it as "unset".
+_GO_ZERO_YEAR = 1
+_FRACTION = re.compile(r"\.(\d+)")
+
+
+def utcnow() -> datetime:
+    """The real clock."""
+    return datetime.now(UTC)
+
+
+def format_time(t: datetime) -> str:
+    """RFC 3339 UTC with a fixed six-digit fraction, e.g. ``2026-12-02T18:13:35.123456Z``."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(s: str) -> datetime | None:
+    """Parse any RFC 3339 time (Go writes up to nine fraction digits); Go's zero time is None."""
+    # datetime.fromisoformat takes at most six fraction digits: truncate, never round up.
+    s = _FRACTION.sub(lambda m: "." + m.group(1)[:6].ljust(6, "0"), s, count=1)
+    t = datetime.fromisoformat(s.replace("z", "Z"))
+    if t.tzinfo is None:
+        raise ValueError(f"time without a zone: {s!r}")
+    if t.year == _GO_ZERO_YEAR:
+        return None
+    return t.astimezone(UTC)
+
+
+def to_ms(t: datetime) -> int:
+    """Milliseconds since the epoch: the unit the Lua scripts and the ready index use."""
+    return int(t.timestamp() * 1000)

@@ -1,0 +1,64 @@
+"""Checks on what callers hand to Accept: bad input is a ValueError before anything is written."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MAX_TEXT_BYTES = 100 * 1024
+MAX_USER_ID = 256
+MAX_MODEL_BYTES = 16 * 1024
+MAX_MODEL_DEPTH = 32  # far below the Lua cjson decoder's nesting limit
+
+
+def check_text(text: object) -> str:
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a string, got {type(text).__name__}")
+    if not text:
+        raise ValueError("text must not be empty")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError("text is not valid Unicode (lone surrogate)") from exc
+    if size > MAX_TEXT_BYTES:
+        raise ValueError(f"text is {size} bytes; the limit is {MAX_TEXT_BYTES}")
+    return text
+
+
+def check_user_id(user_id: object) -> str:
+    if not isinstance(user_id, str) or len(user_id) > MAX_USER_ID or not user_id.isprintable():
+        raise ValueError(f"userID must be a printable string of at most {MAX_USER_ID} characters")
+    return user_id
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def check_model(model: object) -> str | None:
+    """The model selector is raw JSON text, kept byte for byte; None means "the default"."""
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise ValueError(f"model must be raw JSON text (str) or None, got {type(model).__name__}")
+    try:
+        size = len(model.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError("model is not valid Unicode (lone surrogate)") from exc
+    if size > MAX_MODEL_BYTES:
+        raise ValueError(f"model JSON is over {MAX_MODEL_BYTES} bytes")
+    try:
+        parsed = json.loads(model)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"model is not valid JSON: {exc}") from exc
+    if parsed is None:
+        return None
+    if _depth(parsed) > MAX_MODEL_DEPTH:
+        raise ValueError(f"model JSON nests deeper than {MAX_MODEL_DEPTH}")
+    return model
