@@ -42,11 +42,15 @@ def _depth(value: Any) -> int:
 
 
 def check_model(model: object) -> str | None:
-    """The model selector is raw JSON text, kept byte for byte; None means "the default"."""
+    """The model selector is raw JSON text, kept byte for byte; None means "the default".
+
+    Whitespace around the value is not part of it and is dropped; JSON ``null`` means None.
+    """
     if model is None:
         return None
     if not isinstance(model, str):
         raise ValueError(f"model must be raw JSON text (str) or None, got {type(model).__name__}")
+    model = model.strip(" \t\r\n")
     try:
         size = len(model.encode("utf-8"))
     except UnicodeEncodeError as exc:

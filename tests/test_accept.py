@@ -1,0 +1,143 @@
+"""Accept: dedupe, cap, FIFO, validation, model bytes; nothing half-written on any error."""
+
+from __future__ import annotations
+
+import pytest
+import valkey.asyncio as valkey_async
+from valkey.exceptions import ResponseError
+
+from prompt_outbox import Duplicate, Entry, Outbox, OutboxFull, Status
+from prompt_outbox.keys import SessionKeys
+from tests.conftest import FAST
+from tests.test_entry import MODELS
+
+
+async def test_accept_then_list_in_fifo_order(outbox: Outbox) -> None:
+    ids = [(await outbox.accept("ws", "s1", "u", f"c{i}", f"prompt {i}")).id for i in range(5)]
+    listed = await outbox.list("ws", "s1")
+    assert [e.id for e in listed] == ids
+    assert all(e.status is Status.PENDING for e in listed)
+    assert [e.text for e in listed] == [f"prompt {i}" for i in range(5)]
+    assert await outbox.list("ws", "other") == []
+
+
+async def test_duplicate_carries_first_id_and_adds_nothing(outbox: Outbox) -> None:
+    first = await outbox.accept("ws", "s1", "u", "same", "hello")
+    with pytest.raises(Duplicate) as dup:
+        await outbox.accept("ws", "s1", "u", "same", "hello again")
+    assert dup.value.accepted_id == first.id
+    assert [e.id for e in await outbox.list("ws", "s1")] == [first.id]
+    # The same clientMessageID in another session is another message.
+    other = await outbox.accept("ws", "s2", "u", "same", "hello")
+    assert other.id != first.id
+
+
+async def test_dedupe_marker_lives_dedupe_ttl(outbox: Outbox, client: valkey_async.Valkey) -> None:
+    await outbox.accept("ws", "s1", "u", "c1", "hello")
+    pttl = await client.pttl(SessionKeys("ws", "s1").dedupe("c1"))
+    assert FAST.dedupe_ttl * 1000 - 2000 < pttl <= FAST.dedupe_ttl * 1000
+
+
+async def test_cap_raises_outbox_full_and_writes_no_marker(
+    client: valkey_async.Valkey,
+) -> None:
+    from dataclasses import replace
+
+    outbox = Outbox(client, replace(FAST, cap=3))
+    for i in range(3):
+        await outbox.accept("ws", "s1", "u", f"c{i}", "x")
+    with pytest.raises(OutboxFull):
+        await outbox.accept("ws", "s1", "u", "over", "x")
+    assert len(await outbox.list("ws", "s1")) == 3
+    assert not await client.exists(SessionKeys("ws", "s1").dedupe("over"))
+    # Once there is room, the client's retry of the refused message is accepted (no false dup).
+    first = (await outbox.list("ws", "s1"))[0]
+    assert (await outbox.dismiss("ws", "s1", first.id)).name == "REMOVED"
+    await outbox.accept("ws", "s1", "u", "over", "x")
+
+
+async def test_failed_push_sets_no_marker(outbox: Outbox, client: valkey_async.Valkey) -> None:
+    # Valkey out of memory (noeviction) refuses the push inside the script: the marker, written
+    # only after the push, must not exist, or every retry would be a false "duplicate".
+    await outbox.accept("ws", "s1", "u", "warm", "x")  # scripts loaded before memory is short
+    used = int((await client.info("memory"))["used_memory"])
+    await client.config_set("maxmemory", str(used // 2))
+    try:
+        with pytest.raises(ResponseError, match="maxmemory"):
+            await outbox.accept("ws", "s1", "u", "c1", "lost?")
+    finally:
+        await client.config_set("maxmemory", "0")
+    assert not await client.exists(SessionKeys("ws", "s1").dedupe("c1"))
+    assert [e.client_message_id for e in await outbox.list("ws", "s1")] == ["warm"]
+    retried = await outbox.accept("ws", "s1", "u", "c1", "lost?")
+    assert (await outbox.list("ws", "s1"))[-1].id == retried.id
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_model_json_survives_valkey_byte_for_byte(outbox: Outbox, model: str) -> None:
+    await outbox.accept("ws", "s1", "u", "c1", "hi", model=model)
+    seen: list[Entry] = []
+
+    async def deliver(ws: str, ses: str, entry: Entry) -> None:
+        seen.append(entry)
+
+    [listed] = await outbox.list("ws", "s1")
+    assert listed.model == model.strip()
+    assert await outbox.deliver_once("ws", "s1", deliver)
+    assert seen[0].model == model.strip()
+
+
+async def test_unicode_text_survives(outbox: Outbox) -> None:
+    text = "héllo ✓ 模型 🚀 \"quoted\" \\ back\nslash \u2028 {\"status\":\"error\"}"
+    await outbox.accept("ws", "s1", "u", "c1", text, model='{"status":"error","id":"evil"}')
+    [e] = await outbox.list("ws", "s1")
+    assert e.text == text
+    assert e.status is Status.PENDING  # the model's own "status" key is not the entry's
+
+
+BAD_IDS = ["", "a{b", "a}b", "a:b", "a b", "tab\t", "x" * 129, "ünï", "a*b", None, 7]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+async def test_bad_ids_are_rejected_before_any_write(
+    outbox: Outbox, client: valkey_async.Valkey, bad: object
+) -> None:
+    with pytest.raises(ValueError):
+        await outbox.accept(bad, "s1", "u", "c1", "x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        await outbox.accept("ws", bad, "u", "c1", "x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        await outbox.list("ws", bad)  # type: ignore[arg-type]
+    assert await client.dbsize() == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cmid", ""),
+        ("cmid", "has space"),
+        ("cmid", "x" * 257),
+        ("text", ""),
+        ("text", "x" * (100 * 1024 + 1)),
+        ("text", "lone \ud800 surrogate"),
+        ("text", b"bytes"),
+        ("model", "{not json"),
+        ("model", "[" * 40 + "]" * 40),
+        ("model", {"a": 1}),
+        ("user", "x" * 257),
+    ],
+)
+async def test_bad_input_is_a_value_error_and_writes_nothing(
+    outbox: Outbox, client: valkey_async.Valkey, field: str, value: object
+) -> None:
+    args: dict[str, object] = {"cmid": "c1", "text": "hello", "model": None, "user": "u"}
+    args[field] = value
+    with pytest.raises(ValueError):
+        await outbox.accept("ws", "s1", args["user"], args["cmid"], args["text"], args["model"])  # type: ignore[arg-type]
+    assert await client.dbsize() == 0
+
+
+async def test_text_at_the_limit_is_accepted(outbox: Outbox) -> None:
+    text = "é" * (50 * 1024)  # 100 KiB in UTF-8 exactly
+    await outbox.accept("ws", "s1", "u", "c1", text)
+    assert (await outbox.list("ws", "s1"))[0].text == text

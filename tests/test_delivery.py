@@ -1,0 +1,243 @@
+"""deliver_once: every outcome class does exactly what the seed says."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+import valkey.asyncio as valkey_async
+
+from prompt_outbox import (
+    Outbox,
+    Status,
+    Verdict,
+    ambiguous,
+    prior_attempt_pending,
+    transient,
+)
+from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier
+from tests.conftest import FAST, ManualClock
+
+WS, SES = "ws", "s1"
+
+
+async def only(outbox: Outbox):  # type: ignore[no-untyped-def]
+    [e] = await outbox.list(WS, SES)
+    return e
+
+
+async def test_success_stages_delivers_and_fires_hooks_once(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    staged, delivered = HookLog(), HookLog()
+    manual_outbox.set_on_staged(staged)
+    manual_outbox.set_on_delivered(delivered)
+    entry = await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    agent = ScriptedAgent()
+    assert await manual_outbox.deliver_once(WS, SES, agent)
+    assert await manual_outbox.list(WS, SES) == []
+    [(_, _, sent)] = agent.calls
+    assert sent.id == entry.id and sent.status is Status.DELIVERING
+    assert sent.last_attempt_at == clock.now  # the send window's start, for the verifier
+    assert staged.ids == [entry.id] and delivered.ids == [entry.id]
+    assert not await manual_outbox.deliver_once(WS, SES, agent)  # nothing left
+    assert len(agent.calls) == 1
+
+
+async def test_definitive_failure_backs_off_then_errors_at_max_attempts(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    agent = ScriptedAgent([RuntimeError("400 bad request")] * 5)
+    expected_backoffs = [0.05, 0.1]  # retry_backoff doubling (max_backoff 0.2)
+    for attempt, delay in enumerate(expected_backoffs, start=1):
+        assert await manual_outbox.deliver_once(WS, SES, agent)
+        e = await only(manual_outbox)
+        assert (e.status, e.attempts, e.last_error) == (Status.PENDING, attempt, "400 bad request")
+        assert e.next_attempt_at == clock.now + timedelta(seconds=delay)
+        # Not due yet: nothing is sent before the backoff has passed.
+        assert not await manual_outbox.deliver_once(WS, SES, agent)
+        assert len(agent.calls) == attempt
+        clock.advance(delay)
+    assert await manual_outbox.deliver_once(WS, SES, agent)
+    e = await only(manual_outbox)
+    assert e.status is Status.ERROR and e.attempts == FAST.max_attempts
+    assert e.last_error.startswith("attempts exhausted")
+    clock.advance(60)
+    assert not await manual_outbox.deliver_once(WS, SES, agent)  # error entries are never retried
+    assert len(agent.calls) == FAST.max_attempts
+
+
+def test_backoff_caps_at_max_backoff() -> None:
+    from prompt_outbox.machine import backoff
+
+    assert [backoff(10, 120, n) for n in range(1, 7)] == [10, 20, 40, 80, 120, 120]
+    assert backoff(10, 120, 10_000) == 120
+
+
+async def test_ambiguous_goes_verifying_and_a_delivered_verdict_completes_without_resend(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    verifier = ScriptedVerifier([Verdict.DELIVERED])
+    delivered = HookLog()
+    manual_outbox.set_verifier(verifier)
+    manual_outbox.set_on_delivered(delivered)
+    entry = await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    agent = ScriptedAgent([ambiguous(ConnectionResetError("cut mid-turn"))])
+    assert await manual_outbox.deliver_once(WS, SES, agent)
+    e = await only(manual_outbox)
+    assert (e.status, e.attempts, e.verify_attempts) == (Status.VERIFYING, 0, 0)
+    assert e.next_attempt_at == clock.now + timedelta(seconds=FAST.verify_delay)
+    assert e.last_attempt_at == clock.now
+    assert not await manual_outbox.deliver_once(WS, SES, agent)  # verify_delay not over
+    clock.advance(FAST.verify_delay)
+    assert await manual_outbox.deliver_once(WS, SES, agent)
+    assert await manual_outbox.list(WS, SES) == []
+    assert len(agent.calls) == 1  # never blind-retried
+    assert [v.id for v in verifier.calls] == [entry.id]
+    assert delivered.ids == [entry.id]
+
+
+async def test_absent_verdict_is_a_definitive_failure_then_resent(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    manual_outbox.set_verifier(ScriptedVerifier([Verdict.ABSENT]))
+    await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    agent = ScriptedAgent([ambiguous("timeout")])
+    await manual_outbox.deliver_once(WS, SES, agent)
+    clock.advance(FAST.verify_delay)
+    assert await manual_outbox.deliver_once(WS, SES, agent)
+    e = await only(manual_outbox)
+    assert (e.status, e.attempts, e.verify_attempts) == (Status.PENDING, 1, 0)
+    clock.advance(FAST.retry_backoff)
+    assert await manual_outbox.deliver_once(WS, SES, agent)
+    assert len(agent.calls) == 2 and await manual_outbox.list(WS, SES) == []
+
+
+async def test_inconclusive_rechecks_with_doubling_backoff_then_errors(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    verifier = ScriptedVerifier([Verdict.INCONCLUSIVE, RuntimeError("agent unreachable")])
+    manual_outbox.set_verifier(verifier)
+    await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    await manual_outbox.deliver_once(WS, SES, ScriptedAgent([ambiguous("cut")]))
+    clock.advance(FAST.verify_delay)
+    for passes, delay in [(1, 0.05), (2, 0.1)]:
+        assert await manual_outbox.deliver_once(WS, SES, ScriptedAgent())
+        e = await only(manual_outbox)
+        assert (e.status, e.verify_attempts) == (Status.VERIFYING, passes)
+        assert e.next_attempt_at == clock.now + timedelta(seconds=delay)
+        clock.advance(delay)
+    assert "agent unreachable" in e.last_error  # a raising verifier is inconclusive
+    assert await manual_outbox.deliver_once(WS, SES, ScriptedAgent())
+    e = await only(manual_outbox)
+    assert e.status is Status.ERROR and e.verify_attempts == FAST.max_verify_attempts
+    assert e.last_error.startswith("unverifiable")
+    assert len(verifier.calls) == FAST.max_verify_attempts
+
+
+async def test_ambiguous_without_verifier_is_an_unverifiable_error(manual_outbox: Outbox) -> None:
+    await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    agent = ScriptedAgent([ambiguous("cut")])
+    assert await manual_outbox.deliver_once(WS, SES, agent)
+    e = await only(manual_outbox)
+    assert e.status is Status.ERROR and e.last_error.startswith("unverifiable")
+    assert e.attempts == 0
+
+
+async def test_timeout_is_ambiguous(client: valkey_async.Valkey, clock: ManualClock) -> None:
+    outbox = Outbox(client, replace(FAST, delivery_timeout=0.2), clock=clock)
+    outbox.set_verifier(ScriptedVerifier([Verdict.DELIVERED]))
+    await outbox.accept(WS, SES, "u", "c1", "hello")
+    slow = ScriptedAgent(delay=30)
+    started = asyncio.get_running_loop().time()
+    assert await outbox.deliver_once(WS, SES, slow)
+    assert asyncio.get_running_loop().time() - started < 5  # bounded by delivery_timeout
+    assert (await only(outbox)).status is Status.VERIFYING
+
+
+@pytest.mark.parametrize("wrap", [transient, prior_attempt_pending])
+async def test_transient_mints_no_attempt_and_has_its_own_bound(
+    manual_outbox: Outbox, clock: ManualClock, wrap  # type: ignore[no-untyped-def]
+) -> None:
+    await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    agent = ScriptedAgent([wrap(OSError("resolve failed"))] * 5)
+    for fails in range(1, FAST.max_transient_failures):
+        assert await manual_outbox.deliver_once(WS, SES, agent)
+        e = await only(manual_outbox)
+        assert (e.status, e.attempts, e.transient_fails) == (Status.PENDING, 0, fails)
+        clock.advance(1)
+    assert await manual_outbox.deliver_once(WS, SES, agent)
+    e = await only(manual_outbox)
+    assert e.status is Status.ERROR and e.attempts == 0
+    assert e.transient_fails == FAST.max_transient_failures
+    assert e.last_error.startswith("transient failures exhausted")
+
+
+async def test_wrapper_found_along_the_cause_chain(manual_outbox: Outbox) -> None:
+    await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    try:
+        raise transient("endpoint not resolved")
+    except Exception as inner:
+        outer = RuntimeError("deliverer gave up")
+        outer.__cause__ = inner
+    await manual_outbox.deliver_once(WS, SES, ScriptedAgent([outer]))
+    e = await only(manual_outbox)
+    assert (e.attempts, e.transient_fails) == (0, 1)
+
+
+async def test_blocking_head_holds_back_the_rest_but_errors_do_not(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    a = await manual_outbox.accept(WS, SES, "u", "a", "first")
+    b = await manual_outbox.accept(WS, SES, "u", "b", "second")
+    agent = ScriptedAgent([RuntimeError("down"), RuntimeError("down"), RuntimeError("down")])
+    assert await manual_outbox.deliver_once(WS, SES, agent)  # a fails, backs off
+    assert not await manual_outbox.deliver_once(WS, SES, agent)  # b must wait behind a
+    assert agent.texts == ["first"]
+    for _ in range(2):  # a runs out of attempts -> error
+        clock.advance(1)
+        await manual_outbox.deliver_once(WS, SES, agent)
+    assert [(e.id, e.status) for e in await manual_outbox.list(WS, SES)] == [
+        (a.id, Status.ERROR),
+        (b.id, Status.PENDING),
+    ]
+    assert await manual_outbox.deliver_once(WS, SES, agent)  # error does not block b
+    assert agent.texts == ["first"] * 3 + ["second"]
+
+
+async def test_verifying_head_blocks_entries_behind(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    manual_outbox.set_verifier(ScriptedVerifier([Verdict.INCONCLUSIVE, Verdict.DELIVERED]))
+    await manual_outbox.accept(WS, SES, "u", "a", "first")
+    await manual_outbox.accept(WS, SES, "u", "b", "second")
+    agent = ScriptedAgent([ambiguous("cut")])
+    await manual_outbox.deliver_once(WS, SES, agent)
+    clock.advance(FAST.verify_delay)
+    await manual_outbox.deliver_once(WS, SES, agent)  # inconclusive: still verifying
+    assert agent.texts == ["first"]
+    assert not await manual_outbox.deliver_once(WS, SES, agent)
+    clock.advance(1)
+    await manual_outbox.deliver_once(WS, SES, agent)  # delivered verdict
+    await manual_outbox.deliver_once(WS, SES, agent)
+    assert agent.texts == ["first", "second"]
+
+
+async def test_delivery_is_detached_from_a_cancelled_caller(outbox: Outbox) -> None:
+    delivered = HookLog()
+    outbox.set_on_delivered(delivered)
+    entry = await outbox.accept(WS, SES, "u", "c1", "hello")
+    agent = ScriptedAgent(delay=0.3)
+    caller = asyncio.create_task(outbox.deliver_once(WS, SES, agent))
+    await asyncio.sleep(0.1)
+    assert agent.calls  # the send is under way
+    caller.cancel()  # the phone killed its request
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    async with asyncio.timeout(5):
+        while delivered.ids != [entry.id]:
+            await asyncio.sleep(0.01)
+    assert await outbox.list(WS, SES) == []

@@ -1,0 +1,206 @@
+"""run(): one delivery in flight per session across replicas, sessions in parallel, wake-ups,
+the join on cancellation, and work found without scanning the keyspace."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+import valkey.asyncio as valkey_async
+
+from prompt_outbox import (
+    LEDGER_STATE_TURN_ENDED,
+    Deliverer,
+    Entry,
+    Outbox,
+    Status,
+    ambiguous,
+)
+from tests.agents import HookLog, ScriptedAgent
+from tests.conftest import FAST, eventually
+
+
+@contextlib.asynccontextmanager
+async def running(outbox: Outbox, deliverer: Deliverer, tick: float = 0.2) -> AsyncIterator[None]:
+    task = asyncio.create_task(outbox.run(deliverer, tick=tick))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class InFlightTracker:
+    """A deliverer that records how many sends of one session overlap."""
+
+    def __init__(self, delay: float = 0.01) -> None:
+        self.delay = delay
+        self.in_flight: dict[str, int] = defaultdict(int)
+        self.max_in_flight: dict[str, int] = defaultdict(int)
+        self.order: dict[str, list[str]] = defaultdict(list)
+
+    async def __call__(self, ws: str, ses: str, entry: Entry) -> None:
+        self.in_flight[ses] += 1
+        self.max_in_flight[ses] = max(self.max_in_flight[ses], self.in_flight[ses])
+        try:
+            await asyncio.sleep(self.delay)
+            self.order[ses].append(entry.text)
+        finally:
+            self.in_flight[ses] -= 1
+
+
+async def test_two_replicas_keep_one_in_flight_per_session_in_order(
+    valkey_server, client: valkey_async.Valkey  # type: ignore[no-untyped-def]
+) -> None:
+    other_client = valkey_async.Valkey.from_url(valkey_server.url)
+    a, b = Outbox(client, FAST), Outbox(other_client, FAST)
+    delivered: list[str] = []
+    hook = HookLog(on_call=lambda e: delivered.append(e.id))
+    a.set_on_delivered(hook)
+    b.set_on_delivered(hook)
+    tracker = InFlightTracker(delay=0.02)
+    sessions = [f"s{i}" for i in range(4)]
+    accepted = []
+    for ses in sessions:
+        for n in range(8):
+            accepted.append((await a.accept("ws", ses, "u", f"{ses}-{n}", f"{ses} #{n}")).id)
+    async with running(a, tracker), running(b, tracker):
+        await eventually(lambda: _true(len(delivered) == len(accepted)), timeout=20)
+    await other_client.aclose()
+    assert sorted(delivered) == sorted(accepted)  # each OnDelivered exactly once
+    for ses in sessions:
+        assert tracker.max_in_flight[ses] == 1
+        assert tracker.order[ses] == [f"{ses} #{n}" for n in range(8)]
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_a_slow_session_does_not_stall_the_others(outbox: Outbox) -> None:
+    done: dict[str, float] = {}
+    loop = asyncio.get_running_loop()
+
+    async def deliver(ws: str, ses: str, entry: Entry) -> None:
+        if ses == "slow":
+            await asyncio.sleep(1.5)
+        done[entry.text] = loop.time()
+
+    await outbox.accept("ws", "slow", "u", "c", "slow one")
+    for i in range(5):
+        await outbox.accept("ws", f"fast{i}", "u", "c", f"fast {i}")
+    start = loop.time()
+    async with running(outbox, deliver):
+        await eventually(lambda: _true(len(done) == 6), timeout=10)
+    fast = [done[f"fast {i}"] - start for i in range(5)]
+    assert max(fast) < done["slow one"] - start  # all fast sessions finished first
+
+
+async def test_accept_wakes_an_idle_loop_long_before_the_tick(outbox: Outbox) -> None:
+    loop = asyncio.get_running_loop()
+    delivered_at: list[float] = []
+
+    async def deliver(ws: str, ses: str, entry: Entry) -> None:
+        delivered_at.append(loop.time())
+
+    async with running(outbox, deliver, tick=30.0):
+        await asyncio.sleep(0.3)  # the loop is now asleep for up to 30 s
+        accepted_at = loop.time()
+        await outbox.accept("ws", "s1", "u", "c1", "wake up")
+        await eventually(lambda: _true(bool(delivered_at)), timeout=10)
+    assert delivered_at[0] - accepted_at < 3.0  # milliseconds in practice; the tick is 30 s
+
+
+async def test_accept_through_another_client_wakes_the_loop(
+    valkey_server, outbox: Outbox  # type: ignore[no-untyped-def]
+) -> None:
+    # The wake-up travels through Valkey pub/sub, so an API replica wakes a worker replica.
+    loop = asyncio.get_running_loop()
+    delivered_at: list[float] = []
+
+    async def deliver(ws: str, ses: str, entry: Entry) -> None:
+        delivered_at.append(loop.time())
+
+    api_client = valkey_async.Valkey.from_url(valkey_server.url)
+    api = Outbox(api_client, FAST)
+    async with running(outbox, deliver, tick=30.0):
+        await asyncio.sleep(0.3)
+        accepted_at = loop.time()
+        await api.accept("ws", "s1", "u", "c1", "from the API replica")
+        await eventually(lambda: _true(bool(delivered_at)), timeout=10)
+    await api_client.aclose()
+    assert delivered_at[0] - accepted_at < 3.0
+
+
+async def test_cancel_mid_delivery_joins_and_leaves_no_task(outbox: Outbox) -> None:
+    delivered = HookLog()
+    outbox.set_on_delivered(delivered)
+    entry = await outbox.accept("ws", "s1", "u", "c1", "long turn")
+    agent = ScriptedAgent(delay=0.5)
+    before = asyncio.all_tasks()
+    run = asyncio.create_task(outbox.run(agent, tick=0.1))
+    await eventually(lambda: _true(bool(agent.calls)))
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    # run() returned only after the in-flight delivery finished under its own context.
+    assert delivered.ids == [entry.id]
+    assert await outbox.list("ws", "s1") == []
+    assert asyncio.all_tasks() == before
+    assert not outbox._detached
+
+
+async def test_run_finds_work_without_scanning_the_keyspace(
+    outbox: Outbox, client: valkey_async.Valkey
+) -> None:
+    for i in range(20):  # unrelated keys the loop must never walk
+        await client.set(f"unrelated:{i}", "x")
+    await client.config_resetstat()
+    agent = ScriptedAgent()
+    async with running(outbox, agent, tick=0.05):
+        for w in range(3):
+            for s in range(3):
+                await outbox.accept(f"ws{w}", f"s{s}", "u", "c", "hi")
+        await eventually(lambda: _true(len(agent.calls) == 9), timeout=10)
+        await asyncio.sleep(0.5)  # several idle ticks
+    stats = await client.info("commandstats")
+    assert not any(name in stats for name in ("cmdstat_scan", "cmdstat_keys"))
+
+
+async def test_run_sweeps_parked_errors_with_a_ledger_probe(client: valkey_async.Valkey) -> None:
+    outbox = Outbox(client, replace(FAST, parked_sweep_interval=0.2))
+    delivered = HookLog()
+    outbox.set_on_delivered(delivered)
+    probed: list[tuple[str, int]] = []
+
+    async def probe(ws: str, ses: str, entry_id: str, attempt: int) -> str:
+        probed.append((entry_id, attempt))
+        return LEDGER_STATE_TURN_ENDED
+
+    outbox.set_ledger_probe(probe)
+    entry = await outbox.accept("ws", "s1", "u", "c1", "hello")
+    # No verifier wired: the ambiguous send parks the entry as an unverifiable error.
+    async with running(outbox, ScriptedAgent([ambiguous("cut")]), tick=0.05):
+        await eventually(lambda: _true(delivered.ids == [entry.id]), timeout=10)
+    assert probed[0] == (entry.id, 1)
+    assert await outbox.list("ws", "s1") == []
+
+
+async def test_errors_left_alone_without_a_probe(outbox: Outbox) -> None:
+    await outbox.accept("ws", "s1", "u", "c1", "hello")
+    agent = ScriptedAgent([ambiguous("cut")])
+    async with running(outbox, agent, tick=0.05):
+        await eventually(lambda: _listed_status(outbox, Status.ERROR))
+        await asyncio.sleep(0.5)
+    [e] = await outbox.list("ws", "s1")
+    assert e.status is Status.ERROR and len(agent.calls) == 1
+
+
+async def _listed_status(outbox: Outbox, status: Status) -> bool:
+    entries = await outbox.list("ws", "s1")
+    return bool(entries) and entries[0].status is status
