@@ -241,3 +241,18 @@ async def test_delivery_is_detached_from_a_cancelled_caller(outbox: Outbox) -> N
         while delivered.ids != [entry.id]:
             await asyncio.sleep(0.01)
     assert await outbox.list(WS, SES) == []
+
+
+async def test_a_restored_entry_keeps_its_fifo_place_behind_older_errors(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    # Regression: restore once LPUSHed, moving a failed entry in front of older error entries.
+    ids = [(await manual_outbox.accept(WS, SES, "u", f"c{i}", f"p{i}")).id for i in range(3)]
+    agent = ScriptedAgent([RuntimeError("no")] * (FAST.max_attempts + 1))
+    for _ in range(FAST.max_attempts + 1):  # p0 to error, then one failure of p1
+        clock.advance(60)
+        await manual_outbox.deliver_once(WS, SES, agent)
+    listed = await manual_outbox.list(WS, SES)
+    assert [e.id for e in listed] == ids
+    assert [e.status for e in listed] == [Status.ERROR, Status.PENDING, Status.PENDING]
+    assert listed[1].attempts == 1

@@ -71,6 +71,20 @@ local function remove_id(list, id)
   return n
 end
 
+-- Put an entry back where it stood: before the first entry that blocks (the delivery head)
+-- or that was accepted after it. Older error / parked entries stay in front: List is FIFO.
+local function insert_in_place(queue, raw)
+  local mine = decode(raw)
+  local at = mine and parse_ms(mine.acceptedAt) or 0
+  for _, other in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    local e = decode(other)
+    if e and (blocking(e.status) or parse_ms(e.acceptedAt) > at) then
+      return redis.call('LINSERT', queue, 'BEFORE', other, raw)
+    end
+  end
+  return redis.call('RPUSH', queue, raw)
+end
+
 local function take_lock(K, ses, lockval, lease, now)
   redis.call('SET', K[L], lockval, 'PX', lease)
   -- If this holder dies, the session is due again when its lease lapses.

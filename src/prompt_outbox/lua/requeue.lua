@@ -1,4 +1,5 @@
--- Recover one session: staged entries re-enter the queue head as verifying, in their order.
+-- Recover one session: staged entries re-enter at the delivery head as verifying, in order
+-- (inserted last-first, each in front of the one after it).
 -- Runs under the caller's lock and only against the exact staging it read (else -2); an entry
 -- whose ID is already in the queue is replaced in place, never added twice. Then staging goes.
 -- ARGV: ses, lockval, now_ms, n, staged_1..staged_n, new_1..new_n.
@@ -15,7 +16,7 @@ for i = n, 1, -1 do
   if idx then
     redis.call('LSET', KEYS[Q], idx, new)
   else
-    redis.call('LPUSH', KEYS[Q], new)
+    insert_in_place(KEYS[Q], new)
   end
 end
 redis.call('DEL', KEYS[D])

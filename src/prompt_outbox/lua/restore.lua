@@ -1,4 +1,4 @@
--- Restore: put a staged entry back at the head of the queue with its new state, reinserting
+-- Restore: put a staged entry back in its place in the queue with its new state, reinserting
 -- into the queue BEFORE removing from staging. Refused ('lost') when another holder owns the
 -- session, and a no-op ('gone') when the staged copy is no longer there (recovered meanwhile).
 -- ARGV: ses, lockval, staged, new, now_ms, release.
@@ -7,7 +7,7 @@ local now, release = tonumber(ARGV[5]), ARGV[6]
 local cur = redis.call('GET', KEYS[L])
 if cur and cur ~= lockval then return 'lost' end
 if not redis.call('LPOS', KEYS[D], staged) then return 'gone' end
-redis.call('LPUSH', KEYS[Q], new)
+insert_in_place(KEYS[Q], new)
 redis.call('LREM', KEYS[D], 1, staged)
 if cur and release == '1' then redis.call('DEL', KEYS[L]) end
 refresh(KEYS, ses, now)
