@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 Clock = Callable[[], datetime]
 """Returns the current time as an aware UTC datetime. Tests pass a controllable one."""
 
 # Go writes the zero time.Time for an unset omitempty time; treat it as "unset".
 _GO_ZERO_YEAR = 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
 _FRACTION = re.compile(r"\.(\d+)")
 
 
@@ -37,5 +39,9 @@ def parse_time(s: str) -> datetime | None:
 
 
 def to_ms(t: datetime) -> int:
-    """Milliseconds since the epoch: the unit the Lua scripts and the ready index use."""
-    return int(t.timestamp() * 1000)
+    """Milliseconds since the epoch (floored, exact): the unit the Lua scripts compare.
+
+    Integer arithmetic, not ``timestamp() * 1000``: float rounding made Python and the
+    scripts disagree by a millisecond on whether an entry was due.
+    """
+    return (t - _EPOCH) // _MS
