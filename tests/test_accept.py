@@ -88,7 +88,7 @@ async def test_model_json_survives_valkey_byte_for_byte(outbox: Outbox, model: s
 
 
 async def test_unicode_text_survives(outbox: Outbox) -> None:
-    text = "héllo ✓ 模型 🚀 \"quoted\" \\ back\nslash \u2028 {\"status\":\"error\"}"
+    text = 'héllo ✓ 模型 🚀 "quoted" \\ back\nslash \u2028 {"status":"error"}'
     await outbox.accept("ws", "s1", "u", "c1", text, model='{"status":"error","id":"evil"}')
     [e] = await outbox.list("ws", "s1")
     assert e.text == text

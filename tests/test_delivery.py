@@ -18,7 +18,7 @@ from prompt_outbox import (
     transient,
 )
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier
-from tests.conftest import FAST, ManualClock
+from tests.conftest import FAST, ManualClock, eventually
 
 WS, SES = "ws", "s1"
 
@@ -160,7 +160,9 @@ async def test_timeout_is_ambiguous(client: valkey_async.Valkey, clock: ManualCl
 
 @pytest.mark.parametrize("wrap", [transient, prior_attempt_pending])
 async def test_transient_mints_no_attempt_and_has_its_own_bound(
-    manual_outbox: Outbox, clock: ManualClock, wrap  # type: ignore[no-untyped-def]
+    manual_outbox: Outbox,
+    clock: ManualClock,
+    wrap,  # type: ignore[no-untyped-def]
 ) -> None:
     await manual_outbox.accept(WS, SES, "u", "c1", "hello")
     agent = ScriptedAgent([wrap(OSError("resolve failed"))] * 5)
@@ -237,9 +239,7 @@ async def test_delivery_is_detached_from_a_cancelled_caller(outbox: Outbox) -> N
     caller.cancel()  # the phone killed its request
     with pytest.raises(asyncio.CancelledError):
         await caller
-    async with asyncio.timeout(5):
-        while delivered.ids != [entry.id]:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: _is(delivered.ids == [entry.id]))
     assert await outbox.list(WS, SES) == []
 
 
@@ -256,3 +256,7 @@ async def test_a_restored_entry_keeps_its_fifo_place_behind_older_errors(
     assert [e.id for e in listed] == ids
     assert [e.status for e in listed] == [Status.ERROR, Status.PENDING, Status.PENDING]
     assert listed[1].attempts == 1
+
+
+async def _is(value: bool) -> bool:
+    return value

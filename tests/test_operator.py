@@ -28,12 +28,13 @@ from prompt_outbox import (
 from prompt_outbox.keys import SessionKeys
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier
 from tests.conftest import FAST, ManualClock, eventually
-from tests.test_run import _true
 
 WS, SES = "ws", "s1"
 
 
-async def make_error(outbox: Outbox, cmid: str, *, ses: str = SES, unverifiable: bool = False) -> Entry:
+async def make_error(
+    outbox: Outbox, cmid: str, *, ses: str = SES, unverifiable: bool = False
+) -> Entry:
     """Accept an entry and drive it to error (definitive failures, or one ambiguous send)."""
     entry = await outbox.accept(WS, ses, "u", cmid, f"text {cmid}")
     if unverifiable:
@@ -131,7 +132,6 @@ async def test_dismiss_removes_a_stale_staged_entry(
     assert await manual_outbox.list(WS, SES) == []
 
 
-
 async def test_concurrent_edits_never_touch_a_neighbour(manual_outbox: Outbox) -> None:
     errors = [await make_error(manual_outbox, f"e{i}") for i in range(10)]
     retry_ids = [e.id for e in errors[:5]]
@@ -161,7 +161,11 @@ async def test_park_and_unpark_workspace(manual_outbox: Outbox, clock: ManualClo
     await manual_outbox.accept("other", "s1", "u", "d", "d")  # another workspace
 
     assert await manual_outbox.park_workspace(WS, "mode_transition") == 2
-    statuses = {e.id: (e.status, e.last_error) for s in ("s1", "s2", "s3") for e in await manual_outbox.list(WS, s)}
+    statuses = {
+        e.id: (e.status, e.last_error)
+        for s in ("s1", "s2", "s3")
+        for e in await manual_outbox.list(WS, s)
+    }
     assert statuses[p1.id][0] is Status.PARKED and "mode_transition" in statuses[p1.id][1]
     assert statuses[v.id][0] is Status.PARKED
     assert statuses[err.id][0] is Status.ERROR  # errors are not in flight: left alone
@@ -284,7 +288,9 @@ async def test_cleanup_deletes_every_key_of_the_workspace_only(
 
 @pytest.mark.parametrize("first", ["sync", "verified"])
 async def test_sync_and_verified_completers_fire_on_delivered_once(
-    valkey_server, client: valkey_async.Valkey, first: str  # type: ignore[no-untyped-def]
+    valkey_server,
+    client: valkey_async.Valkey,
+    first: str,  # type: ignore[no-untyped-def]
 ) -> None:
     # Replica A's send stalls past its lease; replica B recovers the entry and verifies it
     # delivered; A's send returns 2xx before or after that. Exactly one of them fires.

@@ -31,6 +31,8 @@ async def running(outbox: Outbox, deliverer: Deliverer, tick: float = 0.2) -> As
         yield
     finally:
         task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=15)
+        assert done, "run() did not stop within 15 s of being cancelled"
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
@@ -55,7 +57,8 @@ class InFlightTracker:
 
 
 async def test_two_replicas_keep_one_in_flight_per_session_in_order(
-    valkey_server, client: valkey_async.Valkey  # type: ignore[no-untyped-def]
+    valkey_server,
+    client: valkey_async.Valkey,  # type: ignore[no-untyped-def]
 ) -> None:
     other_client = valkey_async.Valkey.from_url(valkey_server.url)
     a, b = Outbox(client, FAST), Outbox(other_client, FAST)
@@ -70,7 +73,7 @@ async def test_two_replicas_keep_one_in_flight_per_session_in_order(
         for n in range(8):
             accepted.append((await a.accept("ws", ses, "u", f"{ses}-{n}", f"{ses} #{n}")).id)
     async with running(a, tracker), running(b, tracker):
-        await eventually(lambda: _true(len(delivered) == len(accepted)), timeout=20)
+        await eventually(lambda: _true(len(delivered) == len(accepted)), within=20)
     await other_client.aclose()
     assert sorted(delivered) == sorted(accepted)  # each OnDelivered exactly once
     for ses in sessions:
@@ -96,7 +99,7 @@ async def test_a_slow_session_does_not_stall_the_others(outbox: Outbox) -> None:
         await outbox.accept("ws", f"fast{i}", "u", "c", f"fast {i}")
     start = loop.time()
     async with running(outbox, deliver):
-        await eventually(lambda: _true(len(done) == 6), timeout=10)
+        await eventually(lambda: _true(len(done) == 6), within=10)
     fast = [done[f"fast {i}"] - start for i in range(5)]
     assert max(fast) < done["slow one"] - start  # all fast sessions finished first
 
@@ -112,12 +115,13 @@ async def test_accept_wakes_an_idle_loop_long_before_the_tick(outbox: Outbox) ->
         await asyncio.sleep(0.3)  # the loop is now asleep for up to 30 s
         accepted_at = loop.time()
         await outbox.accept("ws", "s1", "u", "c1", "wake up")
-        await eventually(lambda: _true(bool(delivered_at)), timeout=10)
+        await eventually(lambda: _true(bool(delivered_at)), within=10)
     assert delivered_at[0] - accepted_at < 3.0  # milliseconds in practice; the tick is 30 s
 
 
 async def test_accept_through_another_client_wakes_the_loop(
-    valkey_server, outbox: Outbox  # type: ignore[no-untyped-def]
+    valkey_server,
+    outbox: Outbox,  # type: ignore[no-untyped-def]
 ) -> None:
     # The wake-up travels through Valkey pub/sub, so an API replica wakes a worker replica.
     loop = asyncio.get_running_loop()
@@ -132,7 +136,7 @@ async def test_accept_through_another_client_wakes_the_loop(
         await asyncio.sleep(0.3)
         accepted_at = loop.time()
         await api.accept("ws", "s1", "u", "c1", "from the API replica")
-        await eventually(lambda: _true(bool(delivered_at)), timeout=10)
+        await eventually(lambda: _true(bool(delivered_at)), within=10)
     await api_client.aclose()
     assert delivered_at[0] - accepted_at < 3.0
 
@@ -166,7 +170,7 @@ async def test_run_finds_work_without_scanning_the_keyspace(
         for w in range(3):
             for s in range(3):
                 await outbox.accept(f"ws{w}", f"s{s}", "u", "c", "hi")
-        await eventually(lambda: _true(len(agent.calls) == 9), timeout=10)
+        await eventually(lambda: _true(len(agent.calls) == 9), within=10)
         await asyncio.sleep(0.5)  # several idle ticks
     stats = await client.info("commandstats")
     assert not any(name in stats for name in ("cmdstat_scan", "cmdstat_keys"))
@@ -186,7 +190,7 @@ async def test_run_sweeps_parked_errors_with_a_ledger_probe(client: valkey_async
     entry = await outbox.accept("ws", "s1", "u", "c1", "hello")
     # No verifier wired: the ambiguous send parks the entry as an unverifiable error.
     async with running(outbox, ScriptedAgent([ambiguous("cut")]), tick=0.05):
-        await eventually(lambda: _true(delivered.ids == [entry.id]), timeout=10)
+        await eventually(lambda: _true(delivered.ids == [entry.id]), within=10)
     assert probed[0] == (entry.id, 1)
     assert await outbox.list("ws", "s1") == []
 
@@ -204,3 +208,21 @@ async def test_errors_left_alone_without_a_probe(outbox: Outbox) -> None:
 async def _listed_status(outbox: Outbox, status: Status) -> bool:
     entries = await outbox.list("ws", "s1")
     return bool(entries) and entries[0].status is status
+
+
+async def test_run_stops_when_cancelled_at_any_moment(outbox: Outbox) -> None:
+    # Regression: valkey-py 6.2 asyncio commands sometimes swallow a CancelledError; run() once
+    # kept looping forever when the cancel landed inside one. It must stop on every cancel.
+    import random
+
+    rng = random.Random(7)
+    agent = ScriptedAgent()
+    for i in range(40):
+        await outbox.accept("ws", f"s{i % 4}", "u", f"c{i}", "x")
+        task = asyncio.create_task(outbox.run(agent, tick=0.01))
+        await asyncio.sleep(rng.random() * 0.03)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done, f"run() ignored cancel #{i}"
+        assert task.cancelled()
+    assert not outbox._detached

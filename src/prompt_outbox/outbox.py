@@ -256,9 +256,8 @@ class Outbox:
         verdict, reason = Verdict.INCONCLUSIVE, "verifier gave no answer"
         async with self._lease(k, lockval):
             try:
-                verdict = await asyncio.wait_for(
-                    verifier(k.ws, k.ses, entry), self.tunables.delivery_timeout
-                )
+                async with asyncio.timeout(self.tunables.delivery_timeout):
+                    verdict = await verifier(k.ws, k.ses, entry)
             except Exception as exc:
                 reason = f"verifier failed: {machine.describe(exc)}"
         if verdict is Verdict.DELIVERED:
@@ -303,7 +302,8 @@ class Outbox:
     async def _bounded(self, call: Awaitable[None]) -> BaseException | None:
         """Await a deliverer under delivery_timeout; what it raised, or None on success."""
         try:
-            await asyncio.wait_for(call, self.tunables.delivery_timeout)
+            async with asyncio.timeout(self.tunables.delivery_timeout):
+                await call
         except Exception as exc:
             return exc
         return None
@@ -531,9 +531,8 @@ class Outbox:
                     if not machine.is_ledger_sweepable(e):
                         continue
                     try:
-                        state = await asyncio.wait_for(
-                            probe(k.ws, k.ses, e.id, machine.current_attempt(e)), t.delivery_timeout
-                        )
+                        async with asyncio.timeout(t.delivery_timeout):
+                            state = await probe(k.ws, k.ses, e.id, machine.current_attempt(e))
                     except Exception as exc:
                         log.info("ledger probe failed: %s", exc, extra={"ws": k.ws, "entry": e.id})
                         continue

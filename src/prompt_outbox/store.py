@@ -266,15 +266,15 @@ class Store:
     # -- wake-ups --------------------------------------------------------------------------
 
     async def wake_ups(self) -> AsyncIterator[str]:
-        """Yield the workspace of every accept published on the wake channel, until cancelled."""
+        """Yield the workspace of every accept published on the wake channel ('' on a quiet
+        second), until the consumer stops iterating."""
         pubsub = self.client.pubsub()
         try:
             await pubsub.subscribe(WAKE_CHANNEL)
             while True:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if msg is not None and msg.get("type") == "message":
-                    yield _text(msg["data"])
-                else:
-                    await asyncio.sleep(0)
+                # Also yield on a quiet second, so the consumer can notice it should stop.
+                yield _text(msg["data"]) if msg and msg.get("type") == "message" else ""
+                await asyncio.sleep(0)
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -42,23 +42,29 @@ class RunLoop:
         ob = self.outbox
         ob._wakers.add(self.wake)
         listener = asyncio.create_task(self._listen())
+        loop = asyncio.create_task(self._loop())
         try:
-            await self._loop()
+            # Wait without forwarding our cancellation into the loop: valkey-py 6.2 asyncio
+            # commands sometimes swallow a CancelledError, so stopping must not rely on one.
+            await asyncio.wait({loop})
+            loop.result()  # the loop only returns by raising (a bug) or when stopping
         finally:
             # Cancelled (or failed): start nothing new, let every in-flight delivery finish
             # under its own context, and only then return.
             self.stopping = True
+            self.wake.set()
             ob._wakers.discard(self.wake)
             listener.cancel()
+            loop.cancel()
             sweeper = [self.sweeper] if self.sweeper else []
-            await _join([listener, *sweeper, *self.active.values()])
+            await _join([loop, listener, *sweeper, *self.active.values()])
 
     async def _loop(self) -> None:
         t = self.outbox.tunables
         with contextlib.suppress(*_TRANSIENT_STORE_ERRORS):
             await self.outbox.recover()
         last_sweep = last_repair = time.monotonic()
-        while True:
+        while not self.stopping:
             self.wake.clear()  # before the read, so a wake-up during it is not lost
             sleep_for = self.tick
             try:
@@ -79,8 +85,11 @@ class RunLoop:
                 log.warning("valkey unavailable, retrying: %s", exc)
             except Exception:
                 log.exception("run loop pass failed")
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # arrives as the wake event is set, and run() would then never stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), max(0.0, sleep_for))
+                async with asyncio.timeout(max(0.0, sleep_for)):
+                    await self.wake.wait()
 
     async def _start_due_sessions(self) -> float:
         """Start a task per due session not already running here; seconds until the next due."""
@@ -90,7 +99,7 @@ class RunLoop:
         workspaces = list(await ob._store.workspaces())
         due, next_ms = await ob._store.due_sessions(workspaces, now_ms, limit=t.concurrency)
         for key in due:
-            if len(self.active) >= t.concurrency:
+            if self.stopping or len(self.active) >= t.concurrency:
                 return self.tick  # a finishing session sets the wake event
             if key not in self.active:
                 task = ob._detach(self._drain(SessionKeys(*key)))
@@ -127,10 +136,13 @@ class RunLoop:
 
     async def _listen(self) -> None:
         """Set the wake event on every published accept; reconnect after a Valkey outage."""
-        while True:
+        while not self.stopping:
             try:
-                async for _ws in self.outbox._store.wake_ups():
-                    self.wake.set()
+                async for ws in self.outbox._store.wake_ups():
+                    if self.stopping:
+                        return
+                    if ws:
+                        self.wake.set()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
