@@ -226,3 +226,52 @@ async def test_run_stops_when_cancelled_at_any_moment(outbox: Outbox) -> None:
         assert done, f"run() ignored cancel #{i}"
         assert task.cancelled()
     assert not outbox._detached
+
+
+async def test_repair_pass_restores_a_lost_index_entry(client: valkey_async.Valkey) -> None:
+    from prompt_outbox.keys import WorkspaceKeys
+
+    outbox = Outbox(client, replace(FAST, repair_interval=0.3))
+    await outbox.accept("ws", "s1", "u", "c1", "hello")
+    await client.zrem(WorkspaceKeys("ws").ready, "s1")  # the index lost the session
+    agent = ScriptedAgent()
+    async with running(outbox, agent, tick=0.05):
+        await asyncio.sleep(0.15)
+        assert not agent.calls  # nothing points the loop at the session...
+        await eventually(lambda: _true(bool(agent.calls)), within=5)  # ...until the repair pass
+    assert await outbox.list("ws", "s1") == []
+
+
+async def test_idle_workspaces_leave_the_registry_but_busy_ones_stay(
+    client: valkey_async.Valkey,
+) -> None:
+    from prompt_outbox.keys import WORKSPACES
+
+    outbox = Outbox(client, replace(FAST, repair_interval=0.1, idle_workspace_ttl=0.2))
+    await outbox.accept("idle", "s1", "u", "c1", "x")
+    await outbox.accept("busy", "s1", "u", "c1", "x")
+    await outbox.park_workspace("busy", "hold")  # keeps an entry, so it must stay registered
+    async with running(outbox, ScriptedAgent(), tick=0.05):
+        await eventually(lambda: _not_registered(client, "idle"), within=5)
+    assert await client.zscore(WORKSPACES, "busy") is not None
+    await outbox.accept("idle", "s1", "u", "c2", "back")  # an accept registers it again
+    assert await client.zscore(WORKSPACES, "idle") is not None
+
+
+async def _not_registered(client: valkey_async.Valkey, ws: str) -> bool:
+    from prompt_outbox.keys import WORKSPACES
+
+    return await client.zscore(WORKSPACES, ws) is None
+
+
+async def test_works_with_a_decoding_client(valkey_server, client) -> None:  # type: ignore[no-untyped-def]
+    decoding = valkey_async.Valkey.from_url(valkey_server.url, decode_responses=True)
+    outbox = Outbox(decoding, FAST)
+    delivered = HookLog()
+    outbox.set_on_delivered(delivered)
+    entry = await outbox.accept("ws", "s1", "u", "c1", "héllo", model='{"a":[]}')
+    assert (await outbox.list("ws", "s1"))[0].model == '{"a":[]}'
+    async with running(outbox, ScriptedAgent(), tick=0.05):
+        await eventually(lambda: _true(delivered.ids == [entry.id]))
+    assert await outbox.recover() == 0
+    await decoding.aclose()
