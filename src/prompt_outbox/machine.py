@@ -76,10 +76,6 @@ def later(now: datetime, seconds: float) -> datetime:
     return now + timedelta(seconds=seconds)
 
 
-def is_due(e: Entry, now: datetime) -> bool:
-    return e.next_attempt_at is None or e.next_attempt_at <= now
-
-
 def blocks(e: Entry) -> bool:
     return e.status in BLOCKING_STATUSES
 
@@ -208,15 +204,7 @@ def recovered(e: Entry, now: datetime, t: Tunables) -> Entry:
 
 def retried(e: Entry) -> Entry:
     """Operator retry: an error entry back to pending with a fresh budget, due now."""
-    return replace(
-        e,
-        status=Status.PENDING,
-        attempts=0,
-        verify_attempts=0,
-        transient_fails=0,
-        next_attempt_at=None,
-        last_error="",
-    )
+    return replace(_rearmed(e, Status.PENDING), attempts=0, verify_attempts=0, transient_fails=0)
 
 
 def parked(e: Entry, reason: str) -> Entry:
@@ -228,10 +216,8 @@ def parked(e: Entry, reason: str) -> Entry:
 def unparked(e: Entry) -> Entry:
     """Back to pending, or to verifying when it was parked with its outcome unknown."""
     if e.last_error.startswith(PARKED_WHILE_VERIFYING):
-        return replace(
-            e, status=Status.VERIFYING, verify_attempts=0, next_attempt_at=None, last_error=""
-        )
-    return replace(e, status=Status.PENDING, next_attempt_at=None, last_error="")
+        return replace(_rearmed(e, Status.VERIFYING), verify_attempts=0)
+    return _rearmed(e, Status.PENDING)
 
 
 def is_unverifiable(e: Entry) -> bool:
@@ -240,9 +226,7 @@ def is_unverifiable(e: Entry) -> bool:
 
 def rearmed_for_verification(e: Entry) -> Entry:
     """Sweep of an unverifiable error: a fresh verify window, due at once."""
-    return replace(
-        e, status=Status.VERIFYING, verify_attempts=0, next_attempt_at=None, last_error=""
-    )
+    return replace(_rearmed(e, Status.VERIFYING), verify_attempts=0)
 
 
 def is_ledger_sweepable(e: Entry) -> bool:
@@ -252,14 +236,12 @@ def is_ledger_sweepable(e: Entry) -> bool:
 
 def rearmed_by_ledger(e: Entry) -> Entry:
     """The ledger has no row (or a failed one) for the attempt: safe to send again."""
-    return replace(
-        e,
-        status=Status.PENDING,
-        verify_attempts=0,
-        transient_fails=0,
-        next_attempt_at=None,
-        last_error="",
-    )
+    return replace(_rearmed(e, Status.PENDING), verify_attempts=0, transient_fails=0)
+
+
+def _rearmed(e: Entry, status: Status) -> Entry:
+    """Due now, with the stop reason cleared (callers reset the counters they mean to)."""
+    return replace(e, status=status, next_attempt_at=None, last_error="")
 
 
 def current_attempt(e: Entry) -> int:
