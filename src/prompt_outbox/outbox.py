@@ -24,7 +24,7 @@ from .errors import Duplicate, OutboxFull
 from .keys import SessionKeys, check_client_message_id, check_id, session_keys, workspace_keys
 from .ledger import LEDGER_DELIVERED, LEDGER_NOT_DELIVERED
 from .settings import Tunables
-from .store import Store
+from .store import Snapshot, Store
 from .timeutil import Clock, to_ms, utcnow
 from .validate import check_model, check_text, check_user_id
 
@@ -42,6 +42,12 @@ class Step(enum.Enum):
     ACTED = "acted"  # an attempt, a verification pass or a recovery; the lock is still held
     NONE = "none"  # nothing due; the lock is released
     BUSY = "busy"  # another holder has the session
+
+
+class _Edit(enum.Enum):
+    DONE = "done"
+    BUSY = "busy"
+    MISSING = "missing"
 
 
 def _new_id(now: datetime) -> str:
@@ -404,40 +410,58 @@ class Outbox:
     async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
         """Clear an error entry back to pending. BUSY while the session lock is held;
         NOT_FOUND when the session has no error entry with that ID."""
-        k = session_keys(workspace_id, session_id)
-        check_id("entry ID", entry_id)
-        for _ in range(3):
-            snap = await self._store.snapshot(k)
-            if snap.locked:
-                return RetryResult.BUSY
+
+        def pick(snap: Snapshot) -> tuple[str, str] | None:
             raw = self._find(snap.queue, entry_id)
-            if raw is None or decode_entry(raw).status is not Status.ERROR:
-                return RetryResult.NOT_FOUND
-            new = machine.retried(decode_entry(raw)).to_json()
-            n = await self._store.replace(k, "", self._now_ms(), [(raw, new)])
-            if n < 0:
-                return RetryResult.BUSY
-            if n:
-                return RetryResult.UPDATED
-        return RetryResult.NOT_FOUND
+            if raw is None or (e := decode_entry(raw)).status is not Status.ERROR:
+                return None
+            return raw, machine.retried(e).to_json()
+
+        outcome = await self._edit_entry(workspace_id, session_id, entry_id, pick)
+        return {
+            _Edit.DONE: RetryResult.UPDATED,
+            _Edit.BUSY: RetryResult.BUSY,
+            _Edit.MISSING: RetryResult.NOT_FOUND,
+        }[outcome]
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
         """Remove an entry by ID. BUSY while the session lock is held; NOT_FOUND if absent."""
+
+        def pick(snap: Snapshot) -> tuple[str, str] | None:
+            raw = self._find((*snap.staging, *snap.queue), entry_id)
+            return None if raw is None else (raw, "")
+
+        outcome = await self._edit_entry(workspace_id, session_id, entry_id, pick)
+        return {
+            _Edit.DONE: DismissResult.REMOVED,
+            _Edit.BUSY: DismissResult.BUSY,
+            _Edit.MISSING: DismissResult.NOT_FOUND,
+        }[outcome]
+
+    async def _edit_entry(
+        self,
+        workspace_id: str,
+        session_id: str,
+        entry_id: str,
+        pick: Callable[[Snapshot], tuple[str, str] | None],
+    ) -> _Edit:
+        """Swap one entry (pick: snapshot -> (old, new), new '' deletes) unless the lock is
+        held. A swap that misses because the entry changed meanwhile is retried on a new read."""
         k = session_keys(workspace_id, session_id)
         check_id("entry ID", entry_id)
         for _ in range(3):
             snap = await self._store.snapshot(k)
             if snap.locked:
-                return DismissResult.BUSY
-            raw = self._find((*snap.staging, *snap.queue), entry_id)
-            if raw is None:
-                return DismissResult.NOT_FOUND
-            n = await self._store.replace(k, "", self._now_ms(), [(raw, "")])
+                return _Edit.BUSY
+            pair = pick(snap)
+            if pair is None:
+                return _Edit.MISSING
+            n = await self._store.replace(k, "", self._now_ms(), [pair])
             if n < 0:
-                return DismissResult.BUSY
+                return _Edit.BUSY
             if n:
-                return DismissResult.REMOVED
-        return DismissResult.NOT_FOUND
+                return _Edit.DONE
+        return _Edit.MISSING
 
     @staticmethod
     def _find(raws: Sequence[str], entry_id: str) -> str | None:
