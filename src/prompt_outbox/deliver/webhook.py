@@ -1,0 +1,101 @@
+"""Deliver entries to an HTTP endpoint: POST the entry JSON, signed, idempotent by entry ID.
+
+Outcome classes (the seed's): 2xx delivered; connection refused or a connect timeout means no
+attempt was driven (transient); 429 is transient (the receiver did not take it); any other
+4xx is definitive (it will not take it); 5xx, a read timeout or a connection cut mid-request
+are ambiguous: the receiver may have acted, so the entry is verified, never blindly re-sent.
+
+The optional verify URL answers ``GET {verify_url}?id=<entry id>`` with ``delivered``,
+``absent`` or anything else (inconclusive), as plain text or JSON ``{"status": ...}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+
+import httpx
+
+from ..callbacks import Verdict
+from ..entry import Entry
+from ..errors import ambiguous, transient
+
+SIGNATURE_HEADER = "X-Prompt-Outbox-Signature"
+TIMESTAMP_HEADER = "X-Prompt-Outbox-Timestamp"
+
+
+def sign(secret: bytes, timestamp: str, body: bytes) -> str:
+    """``sha256=<hex HMAC of "timestamp.body">``: receivers recompute it to authenticate."""
+    mac = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+class WebhookDeliverer:
+    """A Deliverer (``await d(ws, ses, entry)``); with ``verify_url`` also a Verifier, ``.verify``.
+
+    ``client`` is borrowed if given; otherwise one is made and closed by ``aclose()``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: bytes,
+        verify_url: str | None = None,
+        timeout: float = 30.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        if not secret:
+            raise ValueError("a webhook needs a non-empty signing secret")
+        self.url = url
+        self.verify_url = verify_url
+        self._secret = secret
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+
+    async def __call__(self, ws: str, ses: str, entry: Entry) -> None:
+        body = entry.to_json().encode()
+        timestamp = str(int(time.time()))
+        headers = {
+            "Content-Type": "application/json",
+            "Idempotency-Key": entry.id,
+            TIMESTAMP_HEADER: timestamp,
+            SIGNATURE_HEADER: sign(self._secret, timestamp, body),
+            "X-Prompt-Outbox-Workspace": ws,
+            "X-Prompt-Outbox-Session": ses,
+        }
+        try:
+            response = await self._client.post(self.url, content=body, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise transient(exc) from exc  # nothing reached the receiver
+        except httpx.HTTPError as exc:
+            raise ambiguous(exc) from exc  # it may have been received and acted on
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        detail = f"webhook answered {status}: {response.text[:200]}"
+        if status == 429:
+            raise transient(detail)
+        if 400 <= status < 500:
+            raise RuntimeError(detail)
+        raise ambiguous(detail)
+
+    async def verify(self, ws: str, ses: str, entry: Entry) -> Verdict:
+        """Ask the verify URL whether the receiver has the entry (unreachable: inconclusive)."""
+        if self.verify_url is None:
+            raise RuntimeError("no verify_url configured")
+        response = await self._client.get(self.verify_url, params={"id": entry.id})
+        if response.status_code != 200:
+            return Verdict.INCONCLUSIVE
+        answer = response.text.strip()
+        if response.headers.get("content-type", "").startswith("application/json"):
+            data = response.json()
+            answer = str(data.get("status", "")) if isinstance(data, dict) else ""
+        return {"delivered": Verdict.DELIVERED, "absent": Verdict.ABSENT}.get(
+            answer.lower(), Verdict.INCONCLUSIVE
+        )
+
+    async def aclose(self) -> None:
+        if self._own_client:
+            await self._client.aclose()

@@ -1,0 +1,190 @@
+"""The webhook deliverer against a real HTTP server on loopback: signature, idempotency key,
+and each response class mapped to the seed's outcome classes, through the Outbox."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from prompt_outbox import Outbox, Status
+from prompt_outbox.deliver import SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookDeliverer, sign
+from prompt_outbox.embedded import free_port
+from tests.conftest import FAST, ManualClock
+
+SECRET = b"test-secret"
+WS, SES = "ws", "s1"
+
+
+@dataclass
+class Receiver:
+    """What the fake agent does with each POST: 'ok', a status code, 'cut' or 'hang'."""
+
+    actions: list[str | int] = field(default_factory=list)
+    received: list[dict[str, object]] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    @property
+    def verify_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/verify"
+
+    def ids(self) -> list[str]:
+        return [str(r["headers"]["Idempotency-Key"]) for r in self.received]  # type: ignore[index]
+
+
+@contextlib.contextmanager
+def receiver() -> Iterator[Receiver]:
+    rec = Receiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            action = rec.actions.pop(0) if rec.actions else "ok"
+            # The receiver records (acts on) the prompt before it answers, like an agent would.
+            rec.received.append({"headers": dict(self.headers), "body": body})
+            if action == "cut":
+                self.connection.shutdown(2)
+                return
+            if action == "hang":
+                time.sleep(2)
+            code = 200 if action in ("ok", "hang") else int(action)
+            self.send_response(code)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def do_GET(self) -> None:
+            entry_id = parse_qs(urlparse(self.path).query)["id"][0]
+            answer = "delivered" if entry_id in rec.ids() else "absent"
+            payload = json.dumps({"status": answer}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    rec.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield rec
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def agent() -> Iterator[Receiver]:
+    with receiver() as rec:
+        yield rec
+
+
+def wired(manual_outbox: Outbox, rec: Receiver, http_timeout: float = 5.0) -> WebhookDeliverer:
+    hook = WebhookDeliverer(rec.url, secret=SECRET, verify_url=rec.verify_url, timeout=http_timeout)
+    manual_outbox.set_verifier(hook.verify)
+    return hook
+
+
+async def test_delivers_signed_with_the_entry_id_as_idempotency_key(
+    manual_outbox: Outbox, agent: Receiver
+) -> None:
+    hook = wired(manual_outbox, agent)
+    entry = await manual_outbox.accept(WS, SES, "u", "c1", "héllo", model='{"m":[]}')
+    assert await manual_outbox.deliver_once(WS, SES, hook)
+    assert await manual_outbox.list(WS, SES) == []
+    [req] = agent.received
+    headers, body = req["headers"], req["body"]
+    assert isinstance(headers, dict) and isinstance(body, bytes)
+    assert headers["Idempotency-Key"] == entry.id
+    assert headers[SIGNATURE_HEADER] == sign(SECRET, headers[TIMESTAMP_HEADER], body)
+    assert headers[SIGNATURE_HEADER] != sign(b"wrong", headers[TIMESTAMP_HEADER], body)
+    sent = json.loads(body)
+    assert (sent["id"], sent["text"], sent["model"]) == (entry.id, "héllo", {"m": []})
+    await hook.aclose()
+
+
+@pytest.mark.parametrize(
+    ("action", "status", "attempts", "transient_fails"),
+    [
+        (400, Status.PENDING, 1, 0),  # definitive: it will not take it
+        (429, Status.PENDING, 0, 1),  # transient: not taken, no attempt minted
+        (503, Status.VERIFYING, 0, 0),  # ambiguous: it may have acted
+        ("cut", Status.VERIFYING, 0, 0),
+        ("hang", Status.VERIFYING, 0, 0),  # read timeout
+    ],
+)
+async def test_response_classes(
+    manual_outbox: Outbox,
+    agent: Receiver,
+    action: str | int,
+    status: Status,
+    attempts: int,
+    transient_fails: int,
+) -> None:
+    hook = wired(manual_outbox, agent, http_timeout=0.5)
+    agent.actions = [action]
+    await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    assert await manual_outbox.deliver_once(WS, SES, hook)
+    [e] = await manual_outbox.list(WS, SES)
+    assert (e.status, e.attempts, e.transient_fails) == (status, attempts, transient_fails)
+    await hook.aclose()
+
+
+@pytest.mark.parametrize("action", [503, "cut"])
+async def test_ambiguous_send_verified_delivered_is_not_resent(
+    manual_outbox: Outbox, clock: ManualClock, agent: Receiver, action: str | int
+) -> None:
+    hook = wired(manual_outbox, agent)
+    agent.actions = [action]
+    entry = await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    await manual_outbox.deliver_once(WS, SES, hook)
+    clock.advance(FAST.verify_delay)
+    assert await manual_outbox.deliver_once(WS, SES, hook)  # verify: the receiver has it
+    assert await manual_outbox.list(WS, SES) == []
+    assert agent.ids() == [entry.id]  # one POST only
+    await hook.aclose()
+
+
+async def test_verified_absent_is_sent_again(
+    manual_outbox: Outbox, clock: ManualClock, agent: Receiver
+) -> None:
+    hook = wired(manual_outbox, agent)
+    agent.actions = [503]
+    entry = await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    await manual_outbox.deliver_once(WS, SES, hook)
+    agent.received.clear()  # the receiver lost it: the verify URL will answer "absent"
+    clock.advance(FAST.verify_delay)
+    await manual_outbox.deliver_once(WS, SES, hook)
+    clock.advance(60)
+    assert await manual_outbox.deliver_once(WS, SES, hook)
+    assert agent.ids() == [entry.id] and await manual_outbox.list(WS, SES) == []
+    await hook.aclose()
+
+
+async def test_connection_refused_is_transient(manual_outbox: Outbox) -> None:
+    hook = WebhookDeliverer(f"http://127.0.0.1:{free_port()}/hook", secret=SECRET)
+    await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    assert await manual_outbox.deliver_once(WS, SES, hook)
+    [e] = await manual_outbox.list(WS, SES)
+    assert (e.status, e.attempts, e.transient_fails) == (Status.PENDING, 0, 1)
+    await hook.aclose()
+
+
+def test_a_secret_is_required() -> None:
+    with pytest.raises(ValueError):
+        WebhookDeliverer("http://127.0.0.1:1/hook", secret=b"")
