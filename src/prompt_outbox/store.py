@@ -263,6 +263,11 @@ class Store:
         await self.client.zrem(WORKSPACES, w.ws)
         return removed
 
+    async def server_config(self, *names: str) -> dict[str, str]:
+        """CONFIG GET for the named settings (the durability check reads these)."""
+        raw: dict[Any, Any] = await self.client.config_get(*names)  # type: ignore[arg-type]
+        return {_text(k): _text(v) for k, v in raw.items()}
+
     # -- wake-ups --------------------------------------------------------------------------
 
     async def wake_ups(self) -> AsyncIterator[str]:
