@@ -162,6 +162,10 @@ class Outbox:
             return max(0.0, (to_ms(self._clock()) - int(since)) / 1000)
         return max(0.0, self.tunables.lock_ttl - pttl_ms / 1000)
 
+    async def ping(self) -> bool:
+        """True when Valkey answers (readiness); raises the client's error when it does not."""
+        return await self._store.ping()
+
     async def seed_entry_for_test(self, workspace_id: str, session_id: str, raw_entry: str) -> None:
         """Append a raw entry JSON to the session queue (test harnesses only; it is checked)."""
         decode_entry(raw_entry)

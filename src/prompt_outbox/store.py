@@ -263,6 +263,9 @@ class Store:
         await self.client.zrem(WORKSPACES, w.ws)
         return removed
 
+    async def ping(self) -> bool:
+        return bool(await self.client.ping())
+
     async def server_config(self, *names: str) -> dict[str, str]:
         """CONFIG GET for the named settings (the durability check reads these)."""
         raw: dict[Any, Any] = await self.client.config_get(*names)  # type: ignore[arg-type]

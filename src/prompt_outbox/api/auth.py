@@ -1,0 +1,80 @@
+"""Bearer tokens, each scoped to a set of workspaces (or admin), from a JSON file or string.
+
+{"tokens": [{"token": "s3cret", "user": "alice", "workspaces": ["acme"]},
+            {"token": "ops", "user": "ops", "admin": true}]}
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a token speaks for: the userID stamped on its accepts, and where it may act."""
+
+    user_id: str
+    workspaces: frozenset[str]
+    admin: bool = False
+
+    def may_use(self, workspace_id: str) -> bool:
+        return self.admin or workspace_id in self.workspaces
+
+
+DEV_PRINCIPAL = Principal(user_id="dev", workspaces=frozenset(), admin=True)
+
+
+class TokenTable:
+    """Token -> Principal. ``disabled`` (loopback development only) lets every request in."""
+
+    def __init__(self, principals: dict[str, Principal], *, disabled: bool = False) -> None:
+        self._principals = principals
+        self.disabled = disabled
+
+    @classmethod
+    def from_json(cls, text: str) -> TokenTable:
+        """Parse the token file's JSON; raises ValueError saying what is wrong."""
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"token file is not JSON: {exc}") from exc
+        rows = doc.get("tokens") if isinstance(doc, dict) else None
+        if not isinstance(rows, list):
+            raise ValueError('token file needs {"tokens": [...]}')
+        principals: dict[str, Principal] = {}
+        for n, row in enumerate(rows):
+            if (
+                not isinstance(row, dict)
+                or not isinstance(row.get("token"), str)
+                or not row["token"]
+            ):
+                raise ValueError(f"tokens[{n}] needs a non-empty string 'token'")
+            user = row.get("user", "")
+            workspaces = row.get("workspaces", [])
+            if not isinstance(user, str) or not user:
+                raise ValueError(f"tokens[{n}] needs a non-empty string 'user'")
+            if not isinstance(workspaces, list) or not all(isinstance(w, str) for w in workspaces):
+                raise ValueError(f"tokens[{n}].workspaces must be a list of workspace IDs")
+            principals[row["token"]] = Principal(
+                user, frozenset(workspaces), admin=row.get("admin") is True
+            )
+        return cls(principals)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TokenTable:
+        return cls.from_json(Path(path).read_text())
+
+    def lookup(self, token: str) -> Principal | None:
+        if self.disabled:
+            return DEV_PRINCIPAL
+        if not token:
+            return None
+        # Compare every token in constant time: no timing hint about which prefix matched.
+        found = None
+        for known, principal in self._principals.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                found = principal
+        return found

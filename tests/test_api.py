@@ -1,0 +1,207 @@
+"""The HTTP API end to end: uvicorn on a real loopback port, real Valkey, every status code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import uvicorn
+import valkey.asyncio as valkey_async
+
+from prompt_outbox import Outbox
+from prompt_outbox.api import TokenTable, create_app
+from prompt_outbox.embedded import free_port
+from tests.agents import ScriptedAgent
+from tests.conftest import FAST, eventually
+
+TOKENS = TokenTable.from_json(
+    json.dumps(
+        {
+            "tokens": [
+                {"token": "alice-token", "user": "alice", "workspaces": ["acme"]},
+                {"token": "bob-token", "user": "bob", "workspaces": ["other"]},
+                {"token": "ops-token", "user": "ops", "admin": True},
+            ]
+        }
+    )
+)
+ALICE = {"Authorization": "Bearer alice-token"}
+URL = "/v1/workspaces/acme/sessions/chat-1/prompts"
+
+
+async def serve(outbox: Outbox, tokens: TokenTable = TOKENS) -> AsyncIterator[httpx.AsyncClient]:
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(outbox, tokens), host="127.0.0.1", port=port, log_level="warning")
+    )
+    task = asyncio.create_task(server.serve())
+    await eventually(lambda: _started(server))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+        yield http
+    server.should_exit = True
+    await task
+
+
+async def _started(server: uvicorn.Server) -> bool:
+    return server.started
+
+
+@pytest.fixture
+async def http(outbox: Outbox) -> AsyncIterator[httpx.AsyncClient]:
+    async for client in serve(outbox):
+        yield client
+
+
+async def test_accept_list_and_duplicate(http: httpx.AsyncClient, outbox: Outbox) -> None:
+    model = '{"providerID":"x","n":12345678901234567890,"opts":[]}'
+    body = '{"clientMessageID":"m1","text":"héllo","model":' + model + "}"
+    r = await http.post(URL, content=body, headers=ALICE)
+    assert r.status_code == 202, r.text
+    first = r.json()
+    assert first["status"] == "pending"
+    [entry] = await outbox.list("acme", "chat-1")
+    assert (entry.id, entry.user_id, entry.model) == (first["id"], "alice", model)  # bytes kept
+    dup = await http.post(URL, content=body, headers=ALICE)
+    assert (dup.status_code, dup.json()) == (200, {"id": first["id"], "duplicate": True})
+    listed = await http.get(URL, headers=ALICE)
+    assert listed.status_code == 200
+    assert '"model":' + model in listed.text  # raw JSON out, too
+    assert [e["id"] for e in listed.json()["entries"]] == [first["id"]]
+
+
+async def test_user_id_comes_from_the_token_not_the_body(
+    http: httpx.AsyncClient, outbox: Outbox
+) -> None:
+    r = await http.post(
+        URL, json={"clientMessageID": "m1", "text": "hi", "userID": "mallory"}, headers=ALICE
+    )
+    assert r.status_code == 202
+    assert (await outbox.list("acme", "chat-1"))[0].user_id == "alice"
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({}, 401),
+        ({"Authorization": "Bearer nope"}, 401),
+        ({"Authorization": "Basic alice-token"}, 401),
+        ({"Authorization": "Bearer bob-token"}, 403),  # a token of another workspace
+        ({"Authorization": "Bearer ops-token"}, 202),  # admin
+    ],
+)
+async def test_auth(http: httpx.AsyncClient, headers: dict[str, str], status: int) -> None:
+    r = await http.post(URL, json={"clientMessageID": "m1", "text": "hi"}, headers=headers)
+    assert r.status_code == status
+    if status >= 400:
+        assert r.json()["error"] in ("unauthorized", "forbidden")
+    for method, path in [("GET", URL), ("POST", URL + "/x/retry"), ("DELETE", URL + "/x")]:
+        if status >= 400:
+            assert (await http.request(method, path, headers=headers)).status_code == status
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        (b"\xff\xfe", 400, "invalid_json"),
+        (b"[]", 400, "invalid_json"),
+        (b'{"text":"hi"}', 422, "invalid_request"),
+        (b'{"clientMessageID":"m1","text":7}', 422, "invalid_request"),
+        (b'{"clientMessageID":"has space","text":"hi"}', 400, "invalid_input"),
+        (b'{"clientMessageID":"m1","text":""}', 400, "invalid_input"),
+        (
+            b'{"clientMessageID":"m1","text":"hi","model":' + b"[" * 50 + b"]" * 50 + b"}",
+            400,
+            "invalid_input",
+        ),
+        (
+            b'{"clientMessageID":"m1","text":"' + b"x" * (100 * 1024 + 1) + b'"}',
+            413,
+            "text_too_large",
+        ),
+        (b'{"clientMessageID":"m1","text":"' + b"x" * (300 * 1024) + b'"}', 413, "body_too_large"),
+    ],
+)
+async def test_bad_bodies_are_4xx_and_write_nothing(
+    http: httpx.AsyncClient, client: valkey_async.Valkey, body: bytes, status: int, code: str
+) -> None:
+    r = await http.post(URL, content=body, headers=ALICE)
+    assert (r.status_code, r.json()["error"]) == (status, code), r.text
+    assert await client.dbsize() == 0
+
+
+@pytest.mark.parametrize("path", ["a:b", "a%7Bb", "a%20b", "x" * 129])
+async def test_bad_ids_are_400(
+    http: httpx.AsyncClient, client: valkey_async.Valkey, path: str
+) -> None:
+    ops = {"Authorization": "Bearer ops-token"}
+    r = await http.post(
+        f"/v1/workspaces/{path}/sessions/s/prompts",
+        json={"clientMessageID": "m", "text": "t"},
+        headers=ops,
+    )
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_id")
+    r = await http.get(f"/v1/workspaces/acme/sessions/{path}/prompts", headers=ops)
+    assert r.status_code == 400
+    assert await client.dbsize() == 0
+
+
+async def test_full_is_429(client: valkey_async.Valkey) -> None:
+    from dataclasses import replace
+
+    outbox = Outbox(client, replace(FAST, cap=1))
+    async for http in serve(outbox):
+        assert (
+            await http.post(URL, json={"clientMessageID": "a", "text": "t"}, headers=ALICE)
+        ).status_code == 202
+        r = await http.post(URL, json={"clientMessageID": "b", "text": "t"}, headers=ALICE)
+        assert (r.status_code, r.json()["error"]) == (429, "outbox_full")
+
+
+async def test_retry_and_dismiss_status_codes(http: httpx.AsyncClient, outbox: Outbox) -> None:
+    r = await http.post(URL, json={"clientMessageID": "a", "text": "t"}, headers=ALICE)
+    entry_id = r.json()["id"]
+    assert (await http.post(f"{URL}/{entry_id}/retry", headers=ALICE)).status_code == 404  # pending
+    agent = ScriptedAgent([RuntimeError("no")] * FAST.max_attempts)
+    for _ in range(FAST.max_attempts):
+        await asyncio.sleep(FAST.max_backoff)
+        await outbox.deliver_once("acme", "chat-1", agent)
+    assert (await outbox.list("acme", "chat-1"))[0].status == "error"
+    r = await http.post(f"{URL}/{entry_id}/retry", headers=ALICE)
+    assert (r.status_code, r.json()["status"]) == (200, "pending")
+
+    release = asyncio.Event()
+
+    async def held(ws: str, ses: str, e: object) -> None:
+        await release.wait()
+
+    delivery = asyncio.create_task(outbox.deliver_once("acme", "chat-1", held))
+    await asyncio.sleep(0.2)
+    assert (await http.delete(f"{URL}/{entry_id}", headers=ALICE)).status_code == 409
+    assert (await http.post(f"{URL}/{entry_id}/retry", headers=ALICE)).status_code == 409
+    release.set()
+    await delivery
+    assert (await http.delete(f"{URL}/{entry_id}", headers=ALICE)).status_code == 404  # delivered
+    r = await http.post(URL, json={"clientMessageID": "b", "text": "t"}, headers=ALICE)
+    assert (await http.delete(f"{URL}/{r.json()['id']}", headers=ALICE)).status_code == 204
+
+
+async def test_valkey_unreachable_is_503_and_health_stays_up() -> None:
+    dead = valkey_async.Valkey.from_url(
+        f"valkey://127.0.0.1:{free_port()}", socket_connect_timeout=1
+    )
+    async for http in serve(Outbox(dead, FAST)):
+        r = await http.post(URL, json={"clientMessageID": "a", "text": "t"}, headers=ALICE)
+        assert (r.status_code, r.json()["error"]) == (503, "storage_unavailable")
+        assert (await http.get("/readyz")).status_code == 503
+        assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_ready_and_openapi(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/readyz")).json() == {"status": "ready"}
+    spec = (await http.get("/openapi.json")).json()
+    post = spec["paths"]["/v1/workspaces/{ws}/sessions/{ses}/prompts"]["post"]
+    assert "clientMessageID" in json.dumps(post["requestBody"])
