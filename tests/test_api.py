@@ -205,3 +205,36 @@ async def test_ready_and_openapi(http: httpx.AsyncClient) -> None:
     spec = (await http.get("/openapi.json")).json()
     post = spec["paths"]["/v1/workspaces/{ws}/sessions/{ses}/prompts"]["post"]
     assert "clientMessageID" in json.dumps(post["requestBody"])
+
+
+OPS = {"Authorization": "Bearer ops-token"}
+
+
+async def test_admin_routes_need_an_admin_token(http: httpx.AsyncClient) -> None:
+    for method, path, body in [
+        ("POST", "/v1/workspaces/acme/park", {"reason": "flip"}),
+        ("POST", "/v1/workspaces/acme/unpark", None),
+        ("POST", "/v1/workspaces/acme/sweep", None),
+        ("DELETE", "/v1/workspaces/acme", None),
+    ]:
+        r = await http.request(method, path, json=body, headers=ALICE)  # alice owns acme
+        assert (r.status_code, r.json()["error"]) == (403, "forbidden")
+        assert (await http.request(method, path, json=body)).status_code == 401
+
+
+async def test_admin_park_unpark_sweep_cleanup(
+    http: httpx.AsyncClient, outbox: Outbox, client: valkey_async.Valkey
+) -> None:
+    for cmid in ("a", "b"):
+        await http.post(URL, json={"clientMessageID": cmid, "text": "t"}, headers=ALICE)
+    r = await http.post("/v1/workspaces/acme/park", json={"reason": "mode flip"}, headers=OPS)
+    assert r.json() == {"parked": 2}
+    assert {e.status for e in await outbox.list("acme", "chat-1")} == {"parked"}
+    bad = await http.post("/v1/workspaces/acme/park", json={"reason": ""}, headers=OPS)
+    assert bad.status_code == 422
+    assert (await http.post("/v1/workspaces/acme/unpark", headers=OPS)).json() == {"unparked": 2}
+    r = await http.post("/v1/workspaces/acme/sweep", headers=OPS)
+    assert r.json() == {"unverifiable": 0, "parkedErrors": 0}
+    r = await http.delete("/v1/workspaces/acme", headers=OPS)
+    assert r.json()["deleted"] > 0 and await client.dbsize() == 0
+    assert (await http.delete("/v1/workspaces/a:b", headers=OPS)).status_code == 400

@@ -65,6 +65,20 @@ def principal(request: Request, ws: str) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
+def admin(caller: Caller) -> Principal:
+    """Workspace-wide operator actions need an admin token (403 otherwise)."""
+    if not caller.admin:
+        raise ApiError(403, "forbidden", "this route needs an admin token")
+    return caller
+
+
+Admin = Annotated[Principal, Depends(admin)]
+
+
+class ParkIn(BaseModel):
+    reason: str = Field(min_length=1, max_length=500, description="why, shown on each entry")
+
+
 def _error(status: int, code: str, detail: Any) -> JSONResponse:
     return JSONResponse({"error": code, "detail": detail}, status_code=status)
 
@@ -161,6 +175,39 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
         if result is DismissResult.NOT_FOUND:
             raise ApiError(404, "not_found", f"no entry {entry_id!r} in this session")
         return Response(status_code=204)
+
+    def workspace(ws: str) -> str:
+        try:
+            return check_id("workspace ID", ws)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_id", str(exc)) from None
+
+    @app.post("/v1/workspaces/{ws}/park")
+    async def park(ws: str, body: ParkIn, caller: Admin) -> dict[str, int]:
+        """Park every pending / verifying entry of the workspace with the reason."""
+        try:
+            return {"parked": await outbox.park_workspace(workspace(ws), body.reason)}
+        except ValueError as exc:
+            raise ApiError(400, "invalid_input", str(exc)) from None
+
+    @app.post("/v1/workspaces/{ws}/unpark")
+    async def unpark(ws: str, caller: Admin) -> dict[str, int]:
+        """Re-arm the workspace's parked entries."""
+        return {"unparked": await outbox.unpark_workspace(workspace(ws))}
+
+    @app.post("/v1/workspaces/{ws}/sweep")
+    async def sweep(ws: str, caller: Admin) -> dict[str, int]:
+        """Re-arm unverifiable errors; settle error entries against the ledger probe, if any."""
+        ws = workspace(ws)
+        return {
+            "unverifiable": await outbox.sweep_workspace_unverifiable(ws),
+            "parkedErrors": await outbox.sweep_workspace_parked_errors(ws),
+        }
+
+    @app.delete("/v1/workspaces/{ws}")
+    async def cleanup(ws: str, caller: Admin) -> dict[str, int]:
+        """Delete every outbox key of the workspace."""
+        return {"deleted": await outbox.cleanup_workspace(workspace(ws))}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
