@@ -44,10 +44,12 @@ class Step(enum.Enum):
     BUSY = "busy"  # another holder has the session
 
 
-class _Edit(enum.Enum):
-    DONE = "done"
-    BUSY = "busy"
-    MISSING = "missing"
+class _Edit(enum.IntEnum):
+    """One-entry edit outcome; values line up with RetryResult and DismissResult."""
+
+    DONE = 0
+    MISSING = 1
+    BUSY = 2
 
 
 def _new_id(now: datetime) -> str:
@@ -421,12 +423,7 @@ class Outbox:
                 return None
             return raw, machine.retried(e).to_json()
 
-        outcome = await self._edit_entry(workspace_id, session_id, entry_id, pick)
-        return {
-            _Edit.DONE: RetryResult.UPDATED,
-            _Edit.BUSY: RetryResult.BUSY,
-            _Edit.MISSING: RetryResult.NOT_FOUND,
-        }[outcome]
+        return RetryResult(await self._edit_entry(workspace_id, session_id, entry_id, pick))
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
         """Remove an entry by ID. BUSY while the session lock is held; NOT_FOUND if absent."""
@@ -435,12 +432,7 @@ class Outbox:
             raw = self._find((*snap.staging, *snap.queue), entry_id)
             return None if raw is None else (raw, "")
 
-        outcome = await self._edit_entry(workspace_id, session_id, entry_id, pick)
-        return {
-            _Edit.DONE: DismissResult.REMOVED,
-            _Edit.BUSY: DismissResult.BUSY,
-            _Edit.MISSING: DismissResult.NOT_FOUND,
-        }[outcome]
+        return DismissResult(await self._edit_entry(workspace_id, session_id, entry_id, pick))
 
     async def _edit_entry(
         self,

@@ -75,6 +75,10 @@ def admin(caller: Caller) -> Principal:
 Admin = Annotated[Principal, Depends(admin)]
 
 
+def _session_busy() -> ApiError:
+    return ApiError(409, "busy", "a delivery holds the session; try again shortly")
+
+
 class ParkIn(BaseModel):
     reason: str = Field(min_length=1, max_length=500, description="why, shown on each entry")
 
@@ -106,12 +110,13 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
     app.add_exception_handler(ValkeyConnectionError, storage_down)
     app.add_exception_handler(ValkeyTimeoutError, storage_down)
 
-    def ids(ws: str, ses: str, entry_id: str | None = None) -> None:
+    def ids(ws: str, ses: str | None = None, entry_id: str | None = None) -> str:
+        """400 for an ID that would break the key layout; returns the workspace ID."""
         try:
-            check_id("workspace ID", ws)
-            check_id("session ID", ses)
-            if entry_id is not None:
-                check_id("entry ID", entry_id)
+            for kind, value in (("session ID", ses), ("entry ID", entry_id)):
+                if value is not None:
+                    check_id(kind, value)
+            return check_id("workspace ID", ws)
         except ValueError as exc:
             raise ApiError(400, "invalid_id", str(exc)) from None
 
@@ -160,7 +165,7 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
         ids(ws, ses, entry_id)
         result = await outbox.retry(ws, ses, entry_id)
         if result is RetryResult.BUSY:
-            raise ApiError(409, "busy", "a delivery holds the session; try again shortly")
+            raise _session_busy()
         if result is RetryResult.NOT_FOUND:
             raise ApiError(404, "not_found", f"no error entry {entry_id!r} in this session")
         return {"id": entry_id, "status": "pending"}
@@ -171,34 +176,28 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
         ids(ws, ses, entry_id)
         result = await outbox.dismiss(ws, ses, entry_id)
         if result is DismissResult.BUSY:
-            raise ApiError(409, "busy", "a delivery holds the session; try again shortly")
+            raise _session_busy()
         if result is DismissResult.NOT_FOUND:
             raise ApiError(404, "not_found", f"no entry {entry_id!r} in this session")
         return Response(status_code=204)
-
-    def workspace(ws: str) -> str:
-        try:
-            return check_id("workspace ID", ws)
-        except ValueError as exc:
-            raise ApiError(400, "invalid_id", str(exc)) from None
 
     @app.post("/v1/workspaces/{ws}/park")
     async def park(ws: str, body: ParkIn, caller: Admin) -> dict[str, int]:
         """Park every pending / verifying entry of the workspace with the reason."""
         try:
-            return {"parked": await outbox.park_workspace(workspace(ws), body.reason)}
+            return {"parked": await outbox.park_workspace(ids(ws), body.reason)}
         except ValueError as exc:
             raise ApiError(400, "invalid_input", str(exc)) from None
 
     @app.post("/v1/workspaces/{ws}/unpark")
     async def unpark(ws: str, caller: Admin) -> dict[str, int]:
         """Re-arm the workspace's parked entries."""
-        return {"unparked": await outbox.unpark_workspace(workspace(ws))}
+        return {"unparked": await outbox.unpark_workspace(ids(ws))}
 
     @app.post("/v1/workspaces/{ws}/sweep")
     async def sweep(ws: str, caller: Admin) -> dict[str, int]:
         """Re-arm unverifiable errors; settle error entries against the ledger probe, if any."""
-        ws = workspace(ws)
+        ws = ids(ws)
         return {
             "unverifiable": await outbox.sweep_workspace_unverifiable(ws),
             "parkedErrors": await outbox.sweep_workspace_parked_errors(ws),
@@ -207,7 +206,7 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
     @app.delete("/v1/workspaces/{ws}")
     async def cleanup(ws: str, caller: Admin) -> dict[str, int]:
         """Delete every outbox key of the workspace."""
-        return {"deleted": await outbox.cleanup_workspace(workspace(ws))}
+        return {"deleted": await outbox.cleanup_workspace(ids(ws))}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
