@@ -1,0 +1,95 @@
+"""`prompt-outbox serve` as a real process: accept, SIGKILL the whole service, start it again on
+the same data dir, and every accepted prompt is still there and gets delivered."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from prompt_outbox.embedded import EmbeddedValkey, free_port
+from tests.test_webhook import SECRET, receiver
+
+BIN = str(Path(sys.executable).parent / "prompt-outbox")
+
+
+@contextmanager
+def service(
+    args: list[str], env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        [BIN, "serve", *args],
+        env={**os.environ, **(env or {})},
+        start_new_session=True,  # its own process group: the service and its embedded Valkey
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_healthy(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("service did not become ready")
+
+
+def test_sigkill_the_service_and_restart_loses_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    port = free_port()
+    base = ["--no-auth", "--port", str(port), "--data-dir", str(data)]
+    url = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions/chat-1/prompts"
+    with service(base) as proc:  # no deliverer: accepted prompts wait in the outbox
+        wait_healthy(port)
+        ids = []
+        for i in range(5):
+            r = httpx.post(url, json={"clientMessageID": f"m{i}", "text": f"prompt {i}"})
+            assert r.status_code == 202, r.text
+            ids.append(r.json()["id"])
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole service, Valkey included
+        proc.wait()
+    with receiver() as agent:
+        args = [*base, "--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
+        with service(args, {"PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}) as proc:
+            wait_healthy(port)
+            deadline = time.monotonic() + 30
+            while sorted(agent.ids()) != sorted(ids):
+                assert time.monotonic() < deadline, f"delivered {agent.ids()} of {ids}"
+                time.sleep(0.05)
+            assert agent.ids() == ids  # in order, once each
+            assert httpx.get(url).json() == {"entries": []}
+            proc.send_signal(signal.SIGTERM)  # graceful: joins workers, stops Valkey
+            assert proc.wait(timeout=30) == 0
+    with EmbeddedValkey(data):  # the data dir was released
+        pass
+
+
+def test_no_auth_is_refused_off_loopback(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [BIN, "serve", "--no-auth", "--host", "0.0.0.0", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 2 and "loopback" in r.stderr
+
+
+def test_tokens_are_required_unless_auth_is_disabled(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [BIN, "serve", "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 2 and "--tokens" in r.stderr
