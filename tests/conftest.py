@@ -77,6 +77,11 @@ def manual_outbox(client: valkey_async.Valkey, clock: ManualClock) -> Outbox:
     return Outbox(client, FAST, clock=clock)
 
 
+async def holds(value: bool) -> bool:
+    """Wrap a plain condition for ``eventually``: ``eventually(lambda: holds(x == y))``."""
+    return value
+
+
 async def eventually(
     predicate: Callable[[], Awaitable[T]], within: float = 5.0, interval: float = 0.01
 ) -> T:

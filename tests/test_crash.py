@@ -16,8 +16,8 @@ from prompt_outbox import Entry, Outbox, Status, Verdict
 from prompt_outbox.embedded import EmbeddedValkey
 from prompt_outbox.keys import SessionKeys
 from tests.agents import HookLog, ScriptedAgent
-from tests.conftest import FAST, eventually
-from tests.test_run import _true, running
+from tests.conftest import FAST, eventually, holds
+from tests.test_run import running
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +52,7 @@ async def killed_mid_delivery(
 ) -> AsyncIterator[list[str]]:
     ids = [(await outbox.accept("ws", "s1", "u", f"c{i}", f"prompt {i}")).id for i in range(count)]
     with worker_process(url, agent_dir, hang=True) as proc:
-        await eventually(lambda: _true(bool(transcript(agent_dir))), within=20)
+        await eventually(lambda: holds(bool(transcript(agent_dir))), within=20)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     yield ids
@@ -82,7 +82,7 @@ async def test_killed_worker_entry_is_recovered_as_verifying_at_the_head(
         outbox.set_on_delivered(delivered)
         agent = ScriptedAgent()
         async with running(outbox, agent, tick=0.05):
-            await eventually(lambda: _true(len(delivered.ids) == 3), within=10)
+            await eventually(lambda: holds(len(delivered.ids) == 3), within=10)
         assert sorted(delivered.ids) == sorted(ids)
         assert [e.id for _, _, e in agent.calls] == ids[1:]
         assert transcript(tmp_path) == ids[:1]
@@ -104,13 +104,13 @@ async def test_a_living_replica_takes_over_when_the_lease_lapses(
     ids = [(await outbox.accept("ws", "s1", "u", f"c{i}", f"p{i}")).id for i in range(2)]
     agent = ScriptedAgent()
     with worker_process(valkey_server.url, tmp_path, hang=True) as proc:
-        await eventually(lambda: _true(bool(transcript(tmp_path))), within=20)
+        await eventually(lambda: holds(bool(transcript(tmp_path))), within=20)
         async with running(outbox, agent, tick=0.05):
             await asyncio.sleep(0.3)
             assert not delivered.ids  # the living holder's session is left alone
             proc.send_signal(signal.SIGKILL)
             killed_at = asyncio.get_running_loop().time()
-            await eventually(lambda: _true(len(delivered.ids) == 2), within=15)
+            await eventually(lambda: holds(len(delivered.ids) == 2), within=15)
             unfrozen_after = asyncio.get_running_loop().time() - killed_at
     assert sorted(delivered.ids) == sorted(ids)
     assert [e.id for _, _, e in agent.calls] == ids[1:]  # the first was verified, not resent

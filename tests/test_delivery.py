@@ -18,7 +18,7 @@ from prompt_outbox import (
     transient,
 )
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier
-from tests.conftest import FAST, ManualClock, eventually
+from tests.conftest import FAST, ManualClock, eventually, holds
 
 WS, SES = "ws", "s1"
 
@@ -239,7 +239,7 @@ async def test_delivery_is_detached_from_a_cancelled_caller(outbox: Outbox) -> N
     caller.cancel()  # the phone killed its request
     with pytest.raises(asyncio.CancelledError):
         await caller
-    await eventually(lambda: _is(delivered.ids == [entry.id]))
+    await eventually(lambda: holds(delivered.ids == [entry.id]))
     assert await outbox.list(WS, SES) == []
 
 
@@ -256,7 +256,3 @@ async def test_a_restored_entry_keeps_its_fifo_place_behind_older_errors(
     assert [e.id for e in listed] == ids
     assert [e.status for e in listed] == [Status.ERROR, Status.PENDING, Status.PENDING]
     assert listed[1].attempts == 1
-
-
-async def _is(value: bool) -> bool:
-    return value

@@ -21,7 +21,7 @@ from prompt_outbox import (
     ambiguous,
 )
 from tests.agents import HookLog, ScriptedAgent
-from tests.conftest import FAST, eventually
+from tests.conftest import FAST, eventually, holds
 
 
 @contextlib.asynccontextmanager
@@ -73,16 +73,12 @@ async def test_two_replicas_keep_one_in_flight_per_session_in_order(
         for n in range(8):
             accepted.append((await a.accept("ws", ses, "u", f"{ses}-{n}", f"{ses} #{n}")).id)
     async with running(a, tracker), running(b, tracker):
-        await eventually(lambda: _true(len(delivered) == len(accepted)), within=20)
+        await eventually(lambda: holds(len(delivered) == len(accepted)), within=20)
     await other_client.aclose()
     assert sorted(delivered) == sorted(accepted)  # each OnDelivered exactly once
     for ses in sessions:
         assert tracker.max_in_flight[ses] == 1
         assert tracker.order[ses] == [f"{ses} #{n}" for n in range(8)]
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_a_slow_session_does_not_stall_the_others(outbox: Outbox) -> None:
@@ -99,7 +95,7 @@ async def test_a_slow_session_does_not_stall_the_others(outbox: Outbox) -> None:
         await outbox.accept("ws", f"fast{i}", "u", "c", f"fast {i}")
     start = loop.time()
     async with running(outbox, deliver):
-        await eventually(lambda: _true(len(done) == 6), within=10)
+        await eventually(lambda: holds(len(done) == 6), within=10)
     fast = [done[f"fast {i}"] - start for i in range(5)]
     assert max(fast) < done["slow one"] - start  # all fast sessions finished first
 
@@ -115,7 +111,7 @@ async def test_accept_wakes_an_idle_loop_long_before_the_tick(outbox: Outbox) ->
         await asyncio.sleep(0.3)  # the loop is now asleep for up to 30 s
         accepted_at = loop.time()
         await outbox.accept("ws", "s1", "u", "c1", "wake up")
-        await eventually(lambda: _true(bool(delivered_at)), within=10)
+        await eventually(lambda: holds(bool(delivered_at)), within=10)
     assert delivered_at[0] - accepted_at < 3.0  # milliseconds in practice; the tick is 30 s
 
 
@@ -136,7 +132,7 @@ async def test_accept_through_another_client_wakes_the_loop(
         await asyncio.sleep(0.3)
         accepted_at = loop.time()
         await api.accept("ws", "s1", "u", "c1", "from the API replica")
-        await eventually(lambda: _true(bool(delivered_at)), within=10)
+        await eventually(lambda: holds(bool(delivered_at)), within=10)
     await api_client.aclose()
     assert delivered_at[0] - accepted_at < 3.0
 
@@ -148,7 +144,7 @@ async def test_cancel_mid_delivery_joins_and_leaves_no_task(outbox: Outbox) -> N
     agent = ScriptedAgent(delay=0.5)
     before = asyncio.all_tasks()
     run = asyncio.create_task(outbox.run(agent, tick=0.1))
-    await eventually(lambda: _true(bool(agent.calls)))
+    await eventually(lambda: holds(bool(agent.calls)))
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
@@ -170,7 +166,7 @@ async def test_run_finds_work_without_scanning_the_keyspace(
         for w in range(3):
             for s in range(3):
                 await outbox.accept(f"ws{w}", f"s{s}", "u", "c", "hi")
-        await eventually(lambda: _true(len(agent.calls) == 9), within=10)
+        await eventually(lambda: holds(len(agent.calls) == 9), within=10)
         await asyncio.sleep(0.5)  # several idle ticks
     stats = await client.info("commandstats")
     assert not any(name in stats for name in ("cmdstat_scan", "cmdstat_keys"))
@@ -190,7 +186,7 @@ async def test_run_sweeps_parked_errors_with_a_ledger_probe(client: valkey_async
     entry = await outbox.accept("ws", "s1", "u", "c1", "hello")
     # No verifier wired: the ambiguous send parks the entry as an unverifiable error.
     async with running(outbox, ScriptedAgent([ambiguous("cut")]), tick=0.05):
-        await eventually(lambda: _true(delivered.ids == [entry.id]), within=10)
+        await eventually(lambda: holds(delivered.ids == [entry.id]), within=10)
     assert probed[0] == (entry.id, 1)
     assert await outbox.list("ws", "s1") == []
 
@@ -238,7 +234,7 @@ async def test_repair_pass_restores_a_lost_index_entry(client: valkey_async.Valk
     async with running(outbox, agent, tick=0.05):
         await asyncio.sleep(0.15)
         assert not agent.calls  # nothing points the loop at the session...
-        await eventually(lambda: _true(bool(agent.calls)), within=5)  # ...until the repair pass
+        await eventually(lambda: holds(bool(agent.calls)), within=5)  # ...until the repair pass
     assert await outbox.list("ws", "s1") == []
 
 
@@ -272,6 +268,6 @@ async def test_works_with_a_decoding_client(valkey_server, client) -> None:  # t
     entry = await outbox.accept("ws", "s1", "u", "c1", "héllo", model='{"a":[]}')
     assert (await outbox.list("ws", "s1"))[0].model == '{"a":[]}'
     async with running(outbox, ScriptedAgent(), tick=0.05):
-        await eventually(lambda: _true(delivered.ids == [entry.id]))
+        await eventually(lambda: holds(delivered.ids == [entry.id]))
     assert await outbox.recover() == 0
     await decoding.aclose()
