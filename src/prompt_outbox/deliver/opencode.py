@@ -1,0 +1,264 @@
+"""Deliver entries to opencode server sessions, and verify ambiguous sends in the transcript.
+
+The send is ``POST {base}/session/{id}/message``, which persists the user message and then
+blocks until the assistant turn ends. Outcome classes (the seed's):
+
+- a connection refused or a connect timeout: nothing reached opencode (transient);
+- 200: delivered, whether the turn finished, was aborted or failed (the prompt is in the
+  transcript; sending it again would run it twice);
+- 4xx: definitive (opencode will not take this request: bad body, unknown session);
+- 5xx, a read timeout or a cut mid-turn: ambiguous. opencode answers 500 for errors it meets
+  AFTER persisting the user message (an unknown model, for one), so a 5xx must be verified,
+  never re-sent blindly.
+
+Each attempt carries a deterministic ``messageID`` and part ``id``: a time prefix in opencode's
+own ID layout (from the attempt's ``lastAttemptAt``, so the message sorts after what the session
+already holds) and a suffix derived from the entry ID alone. The verifier looks the suffix up
+in ``GET {base}/session/{id}/message``, so any attempt of the entry that persisted is found;
+failing that, it matches the text of a user message created after ``lastAttemptAt``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from ..callbacks import Verdict
+from ..entry import Entry
+from ..errors import ambiguous, transient
+from ..timeutil import to_ms
+
+log = logging.getLogger("prompt_outbox.opencode")
+
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_SUFFIX_LEN = 14
+_CLOCK_SKEW_MS = 2_000  # the text fallback's grace before lastAttemptAt
+
+
+@dataclass(frozen=True, slots=True)
+class OpencodeTarget:
+    """Where one of our sessions lives: an opencode server and its session ID there."""
+
+    base_url: str
+    session_id: str
+
+
+TargetResolver = Callable[[str, str], Awaitable[OpencodeTarget] | OpencodeTarget]
+"""``(workspace, session) -> OpencodeTarget`` (sync or async); raising means "no target"."""
+
+
+def template_targets(base_url: str, session_template: str = "{session}") -> TargetResolver:
+    """One URL template and one session-ID template, filled with ``{workspace}``/``{session}``.
+
+    The default maps our session ID to the opencode session of the same ID on one server.
+    """
+
+    def resolve(ws: str, ses: str) -> OpencodeTarget:
+        return OpencodeTarget(
+            base_url.format(workspace=ws, session=ses),
+            session_template.format(workspace=ws, session=ses),
+        )
+
+    return resolve
+
+
+def static_targets(mapping: Mapping[tuple[str, str], OpencodeTarget]) -> TargetResolver:
+    """A fixed map of ``(workspace, session) -> target``; an unmapped session is an error."""
+    table = dict(mapping)
+
+    def resolve(ws: str, ses: str) -> OpencodeTarget:
+        try:
+            return table[(ws, ses)]
+        except KeyError:
+            raise LookupError(f"no opencode target configured for {ws}/{ses}") from None
+
+    return resolve
+
+
+def load_targets(path: str) -> TargetResolver:
+    """Read a static map from JSON: ``{"<ws>/<ses>": {"url": ..., "session": ...}, ...}``."""
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected an object of '<ws>/<ses>' -> {{url, session}}")
+    table: dict[tuple[str, str], OpencodeTarget] = {}
+    for key, value in raw.items():
+        ws, sep, ses = str(key).partition("/")
+        if not sep or not isinstance(value, dict) or not {"url", "session"} <= value.keys():
+            raise ValueError(f"{path}: bad entry {key!r}: want '<ws>/<ses>': {{url, session}}")
+        table[(ws, ses)] = OpencodeTarget(str(value["url"]), str(value["session"]))
+    return static_targets(table)
+
+
+def _suffix(entry_id: str) -> str:
+    n = int.from_bytes(hashlib.sha256(entry_id.encode()).digest()[:11], "big")
+    chars = []
+    for _ in range(_SUFFIX_LEN):
+        n, r = divmod(n, 62)
+        chars.append(_BASE62[r])
+    return "".join(chars)
+
+
+def _time_prefix(when: datetime) -> str:
+    # opencode's ascending IDs: 12 hex digits of (epoch_ms * 4096 + counter) mod 2**48. The top
+    # counter value sorts after every ID opencode minted in the same millisecond.
+    return f"{(to_ms(when) * 4096 + 4095) % 2**48:012x}"
+
+
+def message_id(entry: Entry) -> str:
+    """The opencode ``messageID`` of the entry's current attempt (needs ``last_attempt_at``)."""
+    if entry.last_attempt_at is None:
+        raise ValueError("the entry has no attempt yet (last_attempt_at is unset)")
+    return f"msg_{_time_prefix(entry.last_attempt_at)}{_suffix(entry.id)}"
+
+
+def part_id(entry: Entry) -> str:
+    """The opencode text part ``id`` of the entry's current attempt."""
+    return "prt_" + message_id(entry).removeprefix("msg_")
+
+
+def model_selector(model: str | None) -> dict[str, str] | None:
+    """Map an entry's raw model JSON to opencode's ``{providerID, modelID}`` (None: default).
+
+    Accepted: ``"provider/model"``, ``{"providerID", "modelID"}`` or ``{"provider", "model"}``.
+    Anything else raises ValueError (a definitive failure: no retry will make it valid).
+    """
+    if model is None:
+        return None
+    value = json.loads(model)
+    if isinstance(value, str):
+        provider, sep, name = value.partition("/")
+        if sep and provider and name:
+            return {"providerID": provider, "modelID": name}
+    elif isinstance(value, dict):
+        for p_key, m_key in (("providerID", "modelID"), ("provider", "model")):
+            p_val, m_val = value.get(p_key), value.get(m_key)
+            if isinstance(p_val, str) and isinstance(m_val, str) and p_val and m_val:
+                return {"providerID": p_val, "modelID": m_val}
+    raise ValueError(f"cannot map model selector {model} to opencode's providerID/modelID")
+
+
+class OpencodeDeliverer:
+    """A Deliverer (``await d(ws, ses, entry)``) for opencode, and its Verifier (``.verify``).
+
+    ``targets`` maps our (workspace, session) to an opencode server and session ID.
+    ``timeout`` bounds the wait for the whole turn; past it the send is ambiguous and the
+    verifier settles it. ``transcript_limit`` is how many recent messages the verifier reads.
+    ``client`` is borrowed if given; otherwise one is made and closed by ``aclose()``.
+    """
+
+    def __init__(
+        self,
+        targets: TargetResolver,
+        *,
+        timeout: float = 120.0,
+        connect_timeout: float = 5.0,
+        auth: tuple[str, str] | None = None,
+        transcript_limit: int = 500,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        if transcript_limit < 1:
+            raise ValueError("transcript_limit must be at least 1")
+        self._targets = targets
+        self._limit = transcript_limit
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=connect_timeout), auth=auth
+        )
+
+    async def _target(self, ws: str, ses: str) -> OpencodeTarget:
+        try:
+            found = self._targets(ws, ses)
+            return await found if inspect.isawaitable(found) else found
+        except Exception as exc:
+            # The seed's own example of a transient failure: the endpoint could not be resolved.
+            raise transient(exc) from exc
+
+    async def __call__(self, ws: str, ses: str, entry: Entry) -> None:
+        body: dict[str, Any] = {
+            "messageID": message_id(entry),
+            "parts": [{"id": part_id(entry), "type": "text", "text": entry.text}],
+        }
+        if (model := model_selector(entry.model)) is not None:
+            body["model"] = model
+        target = await self._target(ws, ses)
+        url = f"{target.base_url.rstrip('/')}/session/{target.session_id}/message"
+        try:
+            response = await self._client.post(url, json=body)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise transient(exc) from exc  # opencode is down: nothing was sent
+        except httpx.HTTPError as exc:
+            raise ambiguous(exc) from exc  # cut or timed out mid-turn: the message may be in
+        status = response.status_code
+        if 200 <= status < 300:
+            self._log_turn_error(response, entry)
+            return
+        detail = f"opencode answered {status}: {response.text[:300]}"
+        if 400 <= status < 500:
+            raise RuntimeError(detail)
+        raise ambiguous(detail)
+
+    @staticmethod
+    def _log_turn_error(response: httpx.Response, entry: Entry) -> None:
+        try:
+            error = response.json().get("info", {}).get("error")
+        except (ValueError, AttributeError):
+            return
+        if error:
+            # The prompt is in the transcript; only the turn failed. Re-sending would repeat it.
+            log.warning(
+                "opencode turn ended with an error", extra={"entry": entry.id, "error": error}
+            )
+
+    async def verify(self, ws: str, ses: str, entry: Entry) -> Verdict:
+        """DELIVERED if an attempt of the entry is in the transcript, ABSENT if provably not,
+        INCONCLUSIVE when opencode cannot be read or the window is older than what was read."""
+        try:
+            target = await self._target(ws, ses)
+            response = await self._client.get(
+                f"{target.base_url.rstrip('/')}/session/{target.session_id}/message",
+                params={"limit": self._limit},
+            )
+        except Exception as exc:
+            log.info("opencode transcript unreadable: %s", exc, extra={"entry": entry.id})
+            return Verdict.INCONCLUSIVE
+        if response.status_code == 404:
+            return Verdict.ABSENT  # no such session: the message cannot be in it
+        if response.status_code != 200:
+            return Verdict.INCONCLUSIVE
+        try:
+            messages = response.json()
+            return self._judge(messages, entry)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return Verdict.INCONCLUSIVE
+
+    def _judge(self, messages: list[dict[str, Any]], entry: Entry) -> Verdict:
+        suffix = _suffix(entry.id)
+        since = to_ms(entry.last_attempt_at) - _CLOCK_SKEW_MS if entry.last_attempt_at else 0
+        oldest: int | None = None
+        for m in messages:
+            info = m["info"]
+            created = int(info["time"]["created"])
+            oldest = created if oldest is None else min(oldest, created)
+            if info["role"] != "user":
+                continue
+            if str(info["id"]).endswith(suffix):
+                return Verdict.DELIVERED
+            texts = [p.get("text") for p in m.get("parts", []) if p.get("type") == "text"]
+            if created >= since and entry.text in texts:
+                return Verdict.DELIVERED
+        if len(messages) >= self._limit and oldest is not None and oldest > since:
+            return Verdict.INCONCLUSIVE  # the send window is older than the page we read
+        return Verdict.ABSENT
+
+    async def aclose(self) -> None:
+        if self._own_client:
+            await self._client.aclose()

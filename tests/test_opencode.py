@@ -1,0 +1,210 @@
+"""The opencode deliverer and verifier against a REAL ``opencode serve`` (offline, with the
+fake model server): deliver, a cut mid-turn verified without a second turn, opencode down then
+back, and the response classes."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import valkey.asyncio as valkey_async
+
+from prompt_outbox import Entry, Outbox, Status, Verdict
+from prompt_outbox.deliver import OpencodeDeliverer, OpencodeTarget, template_targets
+from prompt_outbox.deliver.opencode import message_id, model_selector, part_id, static_targets
+from prompt_outbox.embedded import free_port
+from tests.conftest import FAST, eventually, holds
+from tests.fake_model import FakeModel
+from tests.opencode_server import OpencodeServer
+
+WS = "ws"
+# Real turns take a moment on a loaded machine: the outbox's bound must not be what cuts them.
+TUNABLES = dataclasses.replace(FAST, delivery_timeout=60.0)
+
+
+@pytest.fixture(scope="module")
+def fake_model() -> Iterator[FakeModel]:
+    model = FakeModel()
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def opencode(
+    tmp_path_factory: pytest.TempPathFactory, fake_model: FakeModel
+) -> Iterator[OpencodeServer]:
+    server = OpencodeServer(tmp_path_factory.mktemp("opencode"), fake_model.base_url)
+    server.start()
+    yield server
+    server.stop()
+
+
+def wired(
+    client: valkey_async.Valkey, url: str, seen: list[Entry], timeout: float = 60.0
+) -> tuple[Outbox, OpencodeDeliverer]:
+    outbox = Outbox(client, TUNABLES)
+    deliverer = OpencodeDeliverer(template_targets(url), timeout=timeout)
+    outbox.set_verifier(deliverer.verify)
+
+    async def on_delivered(ws: str, ses: str, entry: Entry) -> None:
+        seen.append(entry)
+
+    outbox.set_on_delivered(on_delivered)
+    return outbox, deliverer
+
+
+def user_messages(server: OpencodeServer, session_id: str) -> list[tuple[str, list[str]]]:
+    out = []
+    for m in server.transcript(session_id):
+        info = m["info"]
+        assert isinstance(info, dict)
+        if info["role"] == "user":
+            parts = m["parts"]
+            assert isinstance(parts, list)
+            out.append((str(info["id"]), [p["text"] for p in parts if p["type"] == "text"]))
+    return out
+
+
+async def test_delivers_one_turn_with_the_entry_derived_ids_and_model(
+    client: valkey_async.Valkey, opencode: OpencodeServer, fake_model: FakeModel
+) -> None:
+    seen: list[Entry] = []
+    outbox, deliverer = wired(client, opencode.url, seen)
+    ses = opencode.new_session()
+    text = f"hello opencode {uuid.uuid4()}"
+    await outbox.accept(WS, ses, "u1", "c1", text, model='"fake/fake-model"')
+    assert await outbox.deliver_once(WS, ses, deliverer)
+    assert await outbox.list(WS, ses) == []
+    [entry] = seen
+    assert user_messages(opencode, ses) == [(message_id(entry), [text])]
+    assert fake_model.user_turns(text) == 1
+    assistant = [m["info"] for m in opencode.transcript(ses) if m["info"]["role"] == "assistant"]  # type: ignore[index]
+    assert [a["modelID"] for a in assistant] == ["fake-model"]  # type: ignore[index]
+    assert await deliverer.verify(WS, ses, entry) is Verdict.DELIVERED
+    await deliverer.aclose()
+
+
+async def test_cut_mid_turn_is_verified_delivered_without_a_second_turn(
+    client: valkey_async.Valkey, opencode: OpencodeServer, fake_model: FakeModel
+) -> None:
+    seen: list[Entry] = []
+    outbox, deliverer = wired(client, opencode.url, seen, timeout=1.0)
+    ses = opencode.new_session()
+    text = f"[sleep 4] a long turn {uuid.uuid4()}"
+    await outbox.accept(WS, ses, "u1", "c1", text)
+    assert await outbox.deliver_once(WS, ses, deliverer)  # cut by our 1 s read timeout
+    [entry] = await outbox.list(WS, ses)
+    assert entry.status is Status.VERIFYING and "timeout" in entry.last_error.lower()
+    # The verifier finds the message in the transcript: delivered, and never sent again.
+    await eventually(lambda: outbox.deliver_once(WS, ses, deliverer))
+    assert await outbox.list(WS, ses) == [] and [e.id for e in seen] == [entry.id]
+    # The turn opencode started completes by itself; the model saw the prompt once.
+    await eventually(lambda: holds(len(opencode.transcript(ses)) == 2), within=30)
+    assert fake_model.user_turns(text) == 1
+    assert [texts for _, texts in user_messages(opencode, ses)] == [[text]]
+    await deliverer.aclose()
+
+
+async def test_opencode_down_is_retried_without_an_attempt_then_delivered(
+    client: valkey_async.Valkey, tmp_path: Path, fake_model: FakeModel
+) -> None:
+    server = OpencodeServer(tmp_path / "oc", fake_model.base_url)
+    server.start()
+    try:
+        ses = server.new_session()
+        server.stop()
+        seen: list[Entry] = []
+        outbox, deliverer = wired(client, server.url, seen)
+        text = f"sent while opencode is down {uuid.uuid4()}"
+        await outbox.accept(WS, ses, "u1", "c1", text)
+        assert await outbox.deliver_once(WS, ses, deliverer)
+        [entry] = await outbox.list(WS, ses)
+        assert (entry.status, entry.attempts, entry.transient_fails) == (Status.PENDING, 0, 1)
+        server.start()  # the agent restarts on the same store, with the same session
+        await eventually(lambda: outbox.deliver_once(WS, ses, deliverer))
+        assert await outbox.list(WS, ses) == [] and len(seen) == 1
+        assert [texts for _, texts in user_messages(server, ses)] == [[text]]
+        assert fake_model.user_turns(text) == 1
+        await deliverer.aclose()
+    finally:
+        server.stop()
+
+
+async def test_unknown_session_is_a_definitive_failure(
+    client: valkey_async.Valkey, opencode: OpencodeServer
+) -> None:
+    outbox, deliverer = wired(client, opencode.url, [])
+    ses = "ses_" + "0" * 26  # well formed, but opencode has no such session: 404
+    await outbox.accept(WS, ses, "u1", "c1", "nobody is there")
+    assert await outbox.deliver_once(WS, ses, deliverer)
+    [entry] = await outbox.list(WS, ses)
+    assert (entry.status, entry.attempts) == (Status.PENDING, 1)
+    assert "404" in entry.last_error
+    await deliverer.aclose()
+
+
+async def test_verifier_absent_when_never_sent_and_inconclusive_when_down(
+    opencode: OpencodeServer,
+) -> None:
+    ses = opencode.new_session()
+    entry = Entry(
+        id="0123abcd",
+        client_message_id="c",
+        user_id="u",
+        text="never sent",
+        accepted_at=datetime.now(UTC),
+        status=Status.VERIFYING,
+        last_attempt_at=datetime.now(UTC),
+    )
+    up = OpencodeDeliverer(template_targets(opencode.url))
+    down = OpencodeDeliverer(template_targets(f"http://127.0.0.1:{free_port()}"))
+    unmapped = OpencodeDeliverer(static_targets({}))
+    assert await up.verify(WS, ses, entry) is Verdict.ABSENT
+    assert await down.verify(WS, ses, entry) is Verdict.INCONCLUSIVE
+    assert await unmapped.verify(WS, ses, entry) is Verdict.INCONCLUSIVE
+    for d in (up, down, unmapped):
+        await d.aclose()
+
+
+def test_ids_are_deterministic_per_attempt_and_sort_like_opencode_ids() -> None:
+    t1 = datetime(2026, 12, 2, 20, 0, 0, tzinfo=UTC)
+    t2 = datetime(2026, 12, 2, 20, 0, 1, tzinfo=UTC)
+    e = Entry(id="abc", client_message_id="c", user_id="u", text="t", accepted_at=t1)
+    first = dataclasses.replace(e, last_attempt_at=t1)
+    again = dataclasses.replace(e, last_attempt_at=t2)
+    assert message_id(first) == message_id(first) and message_id(first) < message_id(again)
+    assert message_id(first)[-14:] == message_id(again)[-14:]  # the entry's own suffix
+    assert part_id(first) == "prt_" + message_id(first)[4:]
+    assert len(message_id(first)) == len("msg_") + 12 + 14
+    with pytest.raises(ValueError):
+        message_id(e)
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        (None, None),
+        ('"openai/gpt-5"', {"providerID": "openai", "modelID": "gpt-5"}),
+        ('{"providerID":"p","modelID":"m"}', {"providerID": "p", "modelID": "m"}),
+        ('{"provider":"p","model":"a/b"}', {"providerID": "p", "modelID": "a/b"}),
+    ],
+)
+def test_model_selector_mapping(raw: str | None, want: dict[str, str] | None) -> None:
+    assert model_selector(raw) == want
+
+
+@pytest.mark.parametrize("raw", ['"no-slash"', "[]", '{"provider":"p"}', "42", '"/m"'])
+def test_unmappable_model_is_a_clear_error(raw: str) -> None:
+    with pytest.raises(ValueError, match="cannot map model"):
+        model_selector(raw)
+
+
+def test_static_targets_resolve_and_refuse_unmapped() -> None:
+    resolve = static_targets({("w", "s"): OpencodeTarget("http://127.0.0.1:1", "ses_x")})
+    assert resolve("w", "s") == OpencodeTarget("http://127.0.0.1:1", "ses_x")
+    with pytest.raises(LookupError):
+        resolve("w", "other")
