@@ -121,7 +121,7 @@ async def test_lua_time_parsing_matches_python(
     local = t.astimezone(timezone(offset))
     frac = f"{local.microsecond:06d}{'789'}"[:digits]
     text = local.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac}" if digits else "") + zone
-    script = _load_sources()["repair"].split("-- Repair")[0] + "\nreturn parse_ms(ARGV[1])"
+    script = _load_sources(10, 1000)["repair"].split("-- Repair")[0] + "\nreturn parse_ms(ARGV[1])"
     lua_ms = await client.eval(script, 0, text)
     parsed = parse_time(text)
     assert parsed is not None

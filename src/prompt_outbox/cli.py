@@ -147,7 +147,11 @@ async def _serve(
             log.warning("no deliverer configured: prompts are accepted and wait in the outbox")
         else:
             worker = asyncio.create_task(outbox.run(deliverer))
-        server = _Server(uvicorn.Config(create_app(outbox, tokens), host=host, port=port))
+        # Open event streams never end by themselves: give them a bound at shutdown.
+        config = uvicorn.Config(
+            create_app(outbox, tokens), host=host, port=port, timeout_graceful_shutdown=5
+        )
+        server = _Server(config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, server.request_exit)

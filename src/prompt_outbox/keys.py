@@ -84,6 +84,11 @@ class SessionKeys:
     def lock(self) -> str:
         return f"outboxlock:{{{self.ws}}}:{{{self.ses}}}"
 
+    @property
+    def events(self) -> str:
+        """STREAM: the session's capped event log (accepted, delivering, sent...), for SSE."""
+        return f"outboxev:{{{self.ws}}}:{{{self.ses}}}"
+
     def dedupe(self, client_message_id: str) -> str:
         return f"outboxdedupe:{{{self.ws}}}:{{{self.ses}}}:{client_message_id}"
 
@@ -94,7 +99,7 @@ class SessionKeys:
     def script_keys(self) -> list[str]:
         """The KEYS every session transition script takes, in this order."""
         w = self.workspace
-        return [self.queue, self.staging, self.lock, w.ready, w.sessions, w.errors]
+        return [self.queue, self.staging, self.lock, w.ready, w.sessions, w.errors, self.events]
 
 
 def session_keys(ws: str, ses: str) -> SessionKeys:

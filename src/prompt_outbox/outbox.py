@@ -21,6 +21,7 @@ from . import machine
 from .callbacks import Deliverer, DismissResult, Hook, LedgerProbe, RetryResult, Verdict, Verifier
 from .entry import Entry, Status, decode_entry
 from .errors import Duplicate, OutboxFull
+from .events import QueueEvent, QueueReset, missed_events, parse_event_id
 from .keys import SessionKeys, check_client_message_id, check_id, session_keys, workspace_keys
 from .ledger import LEDGER_DELIVERED, LEDGER_NOT_DELIVERED
 from .settings import Tunables
@@ -73,7 +74,11 @@ class Outbox:
         self, client: Valkey, tunables: Tunables | None = None, *, clock: Clock | None = None
     ) -> None:
         self.tunables = tunables or Tunables()
-        self._store = Store(client)
+        self._store = Store(
+            client,
+            event_log_len=self.tunables.event_log_len,
+            event_log_ttl_ms=round(self.tunables.event_log_ttl * 1000),
+        )
         self._clock: Clock = clock or utcnow
         self._verifier: Verifier | None = None
         self._on_delivered: Hook | None = None
@@ -140,13 +145,7 @@ class Outbox:
             waker.set()
         return entry
 
-    async def list(self, workspace_id: str, session_id: str) -> list[Entry]:
-        """The session's entries in FIFO order: staged (delivering) first, then the queue.
-
-        While the session lock is held, pending entries carry ``blocked_by_in_flight`` and
-        ``in_flight_for`` (seconds the hold has lasted): "sending..." versus "frozen".
-        """
-        snap = await self._store.snapshot(session_keys(workspace_id, session_id))
+    def _listed(self, snap: Snapshot) -> list[Entry]:
         entries = [decode_entry(raw) for raw in (*snap.staging, *snap.queue)]
         if not snap.locked:
             return entries
@@ -157,6 +156,48 @@ class Outbox:
             else e
             for e in entries
         ]
+
+    async def list(self, workspace_id: str, session_id: str) -> list[Entry]:
+        """The session's entries in FIFO order: staged (delivering) first, then the queue.
+
+        While the session lock is held, pending entries carry ``blocked_by_in_flight`` and
+        ``in_flight_for`` (seconds the hold has lasted): "sending..." versus "frozen".
+        """
+        return self._listed(await self._store.snapshot(session_keys(workspace_id, session_id)))
+
+    async def watch(
+        self,
+        workspace_id: str,
+        session_id: str,
+        last_event_id: str | None = None,
+        *,
+        poll: float = 1.0,
+    ) -> AsyncIterator[QueueEvent | QueueReset | None]:
+        """Follow the session's queue: a QueueReset (the whole queue) first, then a QueueEvent
+        per change, for as long as the caller iterates. ``None`` after each quiet ``poll``.
+
+        With ``last_event_id`` (the last event a reader saw) it resumes right after it, with
+        no reset, while the capped log still holds everything after it; otherwise it starts
+        with a reset. A reset and its position are read together: nothing is skipped.
+        """
+        k = session_keys(workspace_id, session_id)
+        if last_event_id is not None:
+            parse_event_id(last_event_id)
+        snap = await self._store.snapshot(k)
+        ttl_ms = round(self.tunables.event_log_ttl * 1000)
+        position = last_event_id
+        if position is None or missed_events(position, snap.log, ttl_ms):
+            position = snap.log.position()
+            yield QueueReset(position, self._listed(snap))
+        while True:
+            batch = await self._store.read_events(k, position, round(poll * 1000), 100)
+            if not batch:
+                yield None
+            for event_id, fields in batch:
+                position = event_id
+                raw = fields.get("entry", "")
+                entry = decode_entry(raw) if raw else None
+                yield QueueEvent(event_id, fields.get("kind", ""), fields.get("id", ""), entry)
 
     def _held_for(self, lock_value: str, pttl_ms: int) -> float:
         _, _, since = lock_value.rpartition(":")

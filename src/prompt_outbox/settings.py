@@ -15,6 +15,7 @@ class Tunables:
     ``lock_ttl`` 0 means "delivery_timeout + 2 min" (the seed's rule). Beyond the seed:
     ``lease_ttl`` is the short delivery-lock lease the living worker renews (a killed worker's
     session unfreezes after at most this long); ``lock_ttl`` is the hard ceiling on one hold.
+    ``event_log_len`` / ``event_log_ttl`` bound each session's event log (``Outbox.watch``).
     """
 
     max_attempts: int = 5
@@ -36,6 +37,9 @@ class Tunables:
     repair_interval: float = 5 * _MINUTE
     idle_workspace_ttl: float = _HOUR
     bookkeeping_timeout: float = 30.0
+    # The per-session event log behind SSE: its newest events, dropped after a quiet spell.
+    event_log_len: int = 1000
+    event_log_ttl: float = 24 * _HOUR
 
     def __post_init__(self) -> None:
         if self.lock_ttl == 0:

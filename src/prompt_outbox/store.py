@@ -17,6 +17,7 @@ from valkey.asyncio import Valkey
 from valkey.commands.core import AsyncScript
 from valkey.exceptions import NoScriptError
 
+from .events import EventLogState
 from .keys import WAKE_CHANNEL, WORKSPACES, SessionKeys, WorkspaceKeys
 
 _SCRIPTS = (
@@ -43,9 +44,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _load_sources() -> dict[str, str]:
+def _load_sources(event_log_len: int, event_log_ttl_ms: int) -> dict[str, str]:
     folder = resources.files("prompt_outbox") / "lua"
-    prelude = (folder / "lib.lua").read_text()
+    prelude = (
+        f"local EVENTS_MAXLEN, EVENTS_TTL_MS = {event_log_len}, {event_log_ttl_ms}\n"
+        + (folder / "lib.lua").read_text()
+    )
     return {name: prelude + "\n" + (folder / f"{name}.lua").read_text() for name in _SCRIPTS}
 
 
@@ -64,6 +68,7 @@ class Snapshot:
     staging: list[str]
     lock_value: str
     lock_pttl_ms: int
+    log: EventLogState
 
     @property
     def locked(self) -> bool:
@@ -79,12 +84,18 @@ class AcceptReply:
 
 
 class Store:
-    """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's."""
+    """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's.
 
-    def __init__(self, client: Valkey) -> None:
+    ``event_log_len`` / ``event_log_ttl_ms`` bound each session's event log (its newest events;
+    gone once the session is quiet that long)."""
+
+    def __init__(
+        self, client: Valkey, *, event_log_len: int = 1000, event_log_ttl_ms: int = 86_400_000
+    ) -> None:
         self.client = client
+        sources = _load_sources(event_log_len, event_log_ttl_ms)
         self._scripts: dict[str, AsyncScript] = {
-            name: client.register_script(src) for name, src in _load_sources().items()
+            name: client.register_script(src) for name, src in sources.items()
         }
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -203,8 +214,27 @@ class Store:
     # -- reads -----------------------------------------------------------------------------
 
     async def snapshot(self, k: SessionKeys) -> Snapshot:
-        q, d, lockval, pttl = await self._run("snapshot", k.script_keys(), [])
-        return Snapshot([_text(x) for x in q], [_text(x) for x in d], _text(lockval), int(pttl))
+        q, d, lockval, pttl, (first, last, length, added, now) = await self._run(
+            "snapshot", k.script_keys(), []
+        )
+        return Snapshot(
+            [_text(x) for x in q],
+            [_text(x) for x in d],
+            _text(lockval),
+            int(pttl),
+            EventLogState(_text(first), _text(last), int(length), int(added), int(now)),
+        )
+
+    async def read_events(
+        self, k: SessionKeys, after: str, block_ms: int, count: int
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Events logged after ``after``, waiting up to ``block_ms`` for the first one."""
+        reply = await self.client.xread({k.events: after}, count=count, block=block_ms)
+        out: list[tuple[str, dict[str, str]]] = []
+        for _stream, rows in reply or []:
+            for event_id, fields in rows:
+                out.append((_text(event_id), {_text(a): _text(b) for a, b in fields.items()}))
+        return out
 
     async def workspaces(self) -> dict[str, int]:
         """Registered workspaces -> last accept (ms)."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
@@ -21,10 +21,12 @@ from .. import __version__
 from ..callbacks import DismissResult, RetryResult
 from ..entry import raw_object_fields
 from ..errors import Duplicate, OutboxFull
+from ..events import parse_event_id
 from ..keys import check_id
 from ..outbox import Outbox
 from ..validate import MAX_TEXT_BYTES
 from .auth import Principal, TokenTable
+from .sse import event_stream
 
 MAX_BODY_BYTES = 2 * MAX_TEXT_BYTES  # text at the limit, JSON-escaped, plus the rest
 SESSION = "/v1/workspaces/{ws}/sessions/{ses}"
@@ -180,6 +182,39 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
         if result is DismissResult.NOT_FOUND:
             raise ApiError(404, "not_found", f"no entry {entry_id!r} in this session")
         return Response(status_code=204)
+
+    @app.get(
+        SESSION + "/events",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    async def session_events(
+        ws: str,
+        ses: str,
+        request: Request,
+        caller: Caller,
+        last_event_id: Annotated[str | None, Header()] = None,
+        lastEventId: Annotated[str | None, Query(description="for clients without headers")] = None,
+    ) -> StreamingResponse:
+        """SSE: ``queue.reset`` (the queue) first, then ``queue.update`` per change
+        (accepted, delivering, sent, pending, verifying, error, parked, dismissed). Reconnect
+        with ``Last-Event-ID`` to resume after the last event seen, with no reset if the
+        capped log still holds everything since."""
+        ids(ws, ses)
+        resume = last_event_id or lastEventId
+        if resume is not None:
+            try:
+                parse_event_id(resume.strip())
+            except ValueError as exc:
+                raise ApiError(400, "invalid_event_id", str(exc)) from None
+            resume = resume.strip()
+        items = outbox.watch(ws, ses, resume)
+        first = await anext(items)  # Valkey down: a 503 now, not a broken stream later
+        return StreamingResponse(
+            event_stream(first, items, request.is_disconnected),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     @app.post("/v1/workspaces/{ws}/park")
     async def park(ws: str, body: ParkIn, caller: Admin) -> dict[str, int]:

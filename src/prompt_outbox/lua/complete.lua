@@ -3,14 +3,15 @@
 -- (sync path, verified path, another replica) fire it once. The claim marker remembers who
 -- claimed, so a completer that retries after a lost reply still learns that it was the one.
 -- Refused (-1) while ANOTHER holder owns the session: that holder decides this entry's fate.
--- KEYS: session keys + [7] claim marker. ARGV: ses, id, lockval, now_ms, release, marker_ttl_ms.
+-- KEYS: session keys + [8] claim marker. ARGV: ses, id, lockval, now_ms, release, marker_ttl_ms.
 local ses, id, lockval, now, release = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local cur = redis.call('GET', KEYS[L])
 if cur and cur ~= lockval then return -1 end
 local removed = remove_id(KEYS[Q], id) + remove_id(KEYS[D], id)
 if removed > 0 then
-  redis.call('SET', KEYS[7], lockval, 'PX', ARGV[6])
-elseif redis.call('GET', KEYS[7]) == lockval then
+  redis.call('SET', KEYS[8], lockval, 'PX', ARGV[6])
+  emit(KEYS, 'sent', id, '')
+elseif redis.call('GET', KEYS[8]) == lockval then
   removed = 1
 end
 if cur and release == '1' then redis.call('DEL', KEYS[L]) end

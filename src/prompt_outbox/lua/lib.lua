@@ -1,9 +1,10 @@
 -- Shared prelude, prepended to every script by store.py.
--- Session scripts take KEYS = {queue, staging, lock, ready, sessions, errors} (keys.SessionKeys)
+-- Session scripts take KEYS = {queue, staging, lock, ready, sessions, errors, events}
+-- (keys.SessionKeys); store.py defines EVENTS_MAXLEN and EVENTS_TTL_MS above this prelude.
 -- and never re-encode an entry: Python builds every entry string, scripts only move and compare
 -- whole strings (cjson would turn the caller's [] into {} and round big numbers).
 
-local Q, D, L, READY, SESSIONS, ERRORS = 1, 2, 3, 4, 5, 6
+local Q, D, L, READY, SESSIONS, ERRORS, EVENTS = 1, 2, 3, 4, 5, 6, 7
 
 -- RFC 3339 -> epoch milliseconds; '' or missing means "due now" (0). Days-from-civil arithmetic.
 local function parse_ms(s)
@@ -83,6 +84,20 @@ local function insert_in_place(queue, raw)
     end
   end
   return redis.call('RPUSH', queue, raw)
+end
+
+-- Append to the session's event log in the same script as the change it reports, so a
+-- reader never sees a change without its event, or an event without its change. kind is
+-- 'accepted', 'sent', 'dismissed' or the entry's new status; raw is its new JSON ('' if gone).
+local function emit(K, kind, id, raw)
+  redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*', 'kind', kind, 'id', id, 'entry', raw)
+  redis.call('PEXPIRE', K[EVENTS], EVENTS_TTL_MS)
+end
+
+-- emit() for an entry whose new state is raw: the kind is its status.
+local function emit_state(K, raw)
+  local e = decode(raw)
+  if e then emit(K, e.status, e.id, raw) end
 end
 
 local function take_lock(K, ses, lockval, lease, now)

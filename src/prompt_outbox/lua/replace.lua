@@ -19,8 +19,11 @@ for i = 5, #ARGV, 2 do
   if idx then
     if new == '' then
       redis.call('LREM', list, 1, old)
+      local e = decode(old)
+      if e then emit(KEYS, 'dismissed', e.id, '') end
     else
       redis.call('LSET', list, idx, new)
+      emit_state(KEYS, new)
     end
     done = done + 1
   end

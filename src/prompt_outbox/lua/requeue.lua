@@ -19,6 +19,7 @@ for i = n, 1, -1 do
     insert_in_place(KEYS[Q], new)
   end
 end
+for i = 1, n do emit_state(KEYS, ARGV[4 + n + i]) end
 redis.call('DEL', KEYS[D])
 refresh(KEYS, ses, now)
 return n

@@ -9,6 +9,7 @@ if cur and cur ~= lockval then return 'lost' end
 if not redis.call('LPOS', KEYS[D], staged) then return 'gone' end
 insert_in_place(KEYS[Q], new)
 redis.call('LREM', KEYS[D], 1, staged)
+emit_state(KEYS, new)
 if cur and release == '1' then redis.call('DEL', KEYS[L]) end
 refresh(KEYS, ses, now)
 return 'ok'

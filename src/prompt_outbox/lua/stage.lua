@@ -6,4 +6,5 @@ if redis.call('GET', KEYS[L]) ~= lockval then return 'lost' end
 if not redis.call('LPOS', KEYS[Q], original) then return 'gone' end
 redis.call('RPUSH', KEYS[D], staged)
 redis.call('LREM', KEYS[Q], 1, original)
+emit_state(KEYS, staged)
 return 'ok'

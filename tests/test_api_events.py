@@ -1,0 +1,109 @@
+"""SSE through uvicorn on a real port: reset first, an update per change, Last-Event-ID resume
+with nothing missed, and the same auth as every other session route."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from prompt_outbox import Outbox
+from tests.agents import ScriptedAgent
+from tests.test_api import ALICE, URL, serve
+
+EVENTS = URL.removesuffix("/prompts") + "/events"
+
+
+@pytest.fixture
+async def http(outbox: Outbox) -> AsyncIterator[httpx.AsyncClient]:
+    async for client in serve(outbox):
+        yield client
+
+
+class Sse:
+    """Reads one SSE response message by message."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._lines = response.aiter_lines()
+
+    async def next(self, within: float = 5.0) -> dict[str, Any]:
+        message: dict[str, Any] = {}
+        async with asyncio.timeout(within):
+            async for line in self._lines:
+                if not line:
+                    if "event" in message:
+                        return message
+                    message = {}
+                    continue
+                name, _, value = line.partition(":")
+                message[name] = value.removeprefix(" ")
+        raise AssertionError(f"stream ended; partial message {message}")
+
+
+def data(message: dict[str, Any]) -> Any:
+    return json.loads(message["data"])
+
+
+async def test_reset_then_an_update_per_change(http: httpx.AsyncClient, outbox: Outbox) -> None:
+    async with http.stream("GET", EVENTS, headers=ALICE) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        sse = Sse(r)
+        reset = await sse.next()
+        assert (reset["event"], data(reset)) == ("queue.reset", {"entries": []})
+        model = '{"n":12345678901234567890,"opts":[]}'
+        body = '{"clientMessageID":"m1","text":"hi","model":' + model + "}"
+        accepted = (await http.post(URL, content=body, headers=ALICE)).json()
+        update = await sse.next()
+        assert update["event"] == "queue.update" and update["id"] > reset["id"]
+        assert '"model":' + model in update["data"]  # raw model JSON, byte for byte
+        assert {k: data(update)[k] for k in ("kind", "id")} == {
+            "kind": "accepted",
+            "id": accepted["id"],
+        }
+        assert await outbox.deliver_once("acme", "chat-1", ScriptedAgent())
+        kinds = [data(await sse.next())["kind"] for _ in range(2)]
+        assert kinds == ["delivering", "sent"]
+
+
+async def test_last_event_id_resumes_without_missing_anything(http: httpx.AsyncClient) -> None:
+    async with http.stream("GET", EVENTS, headers=ALICE) as r:
+        reset = await Sse(r).next()
+    # The phone is away: two prompts arrive, one is dismissed.
+    a = (await http.post(URL, json={"clientMessageID": "a", "text": "one"}, headers=ALICE)).json()
+    b = (await http.post(URL, json={"clientMessageID": "b", "text": "two"}, headers=ALICE)).json()
+    assert (await http.delete(f"{URL}/{a['id']}", headers=ALICE)).status_code == 204
+    headers = {**ALICE, "Last-Event-ID": reset["id"]}
+    async with http.stream("GET", EVENTS, headers=headers) as r:
+        sse = Sse(r)
+        got = [await sse.next() for _ in range(3)]
+    assert [m["event"] for m in got] == ["queue.update"] * 3  # no reset: nothing was lost
+    assert [(data(m)["kind"], data(m)["id"]) for m in got] == [
+        ("accepted", a["id"]),
+        ("accepted", b["id"]),
+        ("dismissed", a["id"]),
+    ]
+    # The query parameter does the same for clients that cannot set headers.
+    async with http.stream("GET", EVENTS, params={"lastEventId": got[1]["id"]}, headers=ALICE) as r:
+        only = await Sse(r).next()
+    assert (data(only)["kind"], only["id"]) == ("dismissed", got[2]["id"])
+
+
+@pytest.mark.parametrize(
+    ("headers", "path", "status", "code"),
+    [
+        ({}, EVENTS, 401, "unauthorized"),
+        ({"Authorization": "Bearer bob-token"}, EVENTS, 403, "forbidden"),
+        ({**ALICE, "Last-Event-ID": "yesterday"}, EVENTS, 400, "invalid_event_id"),
+        (ALICE, EVENTS.replace("chat-1", "chat%20one"), 400, "invalid_id"),
+    ],
+)
+async def test_refusals_are_json(
+    http: httpx.AsyncClient, headers: dict[str, str], path: str, status: int, code: str
+) -> None:
+    r = await http.get(path, headers=headers)
+    assert (r.status_code, r.json()["error"]) == (status, code)
