@@ -238,3 +238,36 @@ async def test_admin_park_unpark_sweep_cleanup(
     r = await http.delete("/v1/workspaces/acme", headers=OPS)
     assert r.json()["deleted"] > 0 and await client.dbsize() == 0
     assert (await http.delete("/v1/workspaces/a:b", headers=OPS)).status_code == 400
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_metrics_count_the_work_and_the_entries(
+    http: httpx.AsyncClient, outbox: Outbox
+) -> None:
+    for cmid in ("m1", "m1", "m2"):
+        await http.post(URL, json={"clientMessageID": cmid, "text": "hi"}, headers=ALICE)
+    agent = ScriptedAgent([None, RuntimeError("no thanks")])
+    assert await outbox.deliver_once("acme", "chat-1", agent)  # m1 delivered
+    assert await outbox.deliver_once("acme", "chat-1", agent)  # m2 fails once, retried
+    r = await http.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    got = samples(r.text)
+    assert got[("prompt_outbox_accepted_total", ())] == 2
+    assert got[("prompt_outbox_duplicates_total", ())] == 1
+    assert got[("prompt_outbox_delivered_total", (("via", "send"),))] == 1
+    assert got[("prompt_outbox_delivery_attempts_total", (("outcome", "definitive"),))] == 1
+    assert got[("prompt_outbox_retried_total", (("reason", "definitive"),))] == 1
+    assert got[("prompt_outbox_entries", (("status", "pending"),))] == 1
+    assert got[("prompt_outbox_entries", (("status", "error"),))] == 0
+    assert got[("prompt_outbox_accept_seconds_count", ())] == 2
+    assert got[("prompt_outbox_delivery_seconds_count", ())] == 2
+    assert got[("prompt_outbox_accept_to_delivered_seconds_count", ())] == 1

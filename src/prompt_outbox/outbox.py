@@ -24,6 +24,7 @@ from .errors import Duplicate, OutboxFull
 from .events import QueueEvent, QueueReset, missed_events, parse_event_id
 from .keys import SessionKeys, check_client_message_id, check_id, session_keys, workspace_keys
 from .ledger import LEDGER_DELIVERED, LEDGER_NOT_DELIVERED
+from .metrics import Metrics
 from .settings import Tunables
 from .store import Snapshot, Store
 from .timeutil import Clock, to_ms, utcnow
@@ -86,6 +87,8 @@ class Outbox:
         self._ledger_probe: LedgerProbe | None = None
         self._detached: set[asyncio.Task[Any]] = set()
         self._wakers: set[asyncio.Event] = set()
+        self.metrics = Metrics()
+        """This Outbox's Prometheus metrics (``metrics.render`` for the text exposition)."""
 
     # -- wiring (call before run) --------------------------------------------------------
 
@@ -134,13 +137,18 @@ class Outbox:
             accepted_at=now,
         )
         t = self.tunables
+        started = time.perf_counter()
         reply = await self._store.accept(
             k, cmid, entry.to_json(), entry.id, t.cap, round(t.dedupe_ttl * 1000), to_ms(now)
         )
         if reply.kind == "dup":
+            self.metrics.duplicates.inc()
             raise Duplicate(reply.detail)
         if reply.kind == "full":
+            self.metrics.refused_full.inc()
             raise OutboxFull(t.cap)
+        self.metrics.accepted.inc()
+        self.metrics.accept_seconds.observe(time.perf_counter() - started)
         for waker in self._wakers:
             waker.set()
         return entry
@@ -276,14 +284,19 @@ class Outbox:
         if await self._store.stage(k, lockval, raw, staged_raw) != "ok":
             return
         await self._fire(self._on_staged, "on_staged", k, staged)
+        started = time.perf_counter()
         async with self._lease(k, lockval):
             failure = await self._bounded(deliverer(k.ws, k.ses, staged))
+        self.metrics.delivery_seconds.observe(time.perf_counter() - started)
+        outcome = machine.classify(failure)
+        self.metrics.attempts.labels(outcome=outcome.value).inc()
         if failure is None:
-            await self._claim(k, lockval, staged)
+            await self._claim(k, lockval, staged, "send")
             return
         new = machine.after_send_failure(
             staged, failure, self._clock(), self.tunables, verifier=self._verifier is not None
         )
+        self._count_rescheduled(new, outcome.value)
         log.info(
             "delivery failed",
             extra={
@@ -304,6 +317,7 @@ class Outbox:
     async def _verify(self, k: SessionKeys, lockval: str, raw: str, entry: Entry) -> None:
         verifier = self._verifier
         if verifier is None:
+            self.metrics.failed.inc()
             await self._swap(k, lockval, raw, machine.no_verifier(entry))
             return
         verdict, reason = Verdict.INCONCLUSIVE, "verifier gave no answer"
@@ -313,22 +327,32 @@ class Outbox:
                     verdict = await verifier(k.ws, k.ses, entry)
             except Exception as exc:
                 reason = f"verifier failed: {machine.describe(exc)}"
+        self.metrics.verified.labels(verdict=verdict.name.lower()).inc()
         if verdict is Verdict.DELIVERED:
-            await self._claim(k, lockval, entry)
-        elif verdict is Verdict.ABSENT:
-            await self._swap(
-                k, lockval, raw, machine.after_absent(entry, self._clock(), self.tunables)
-            )
+            await self._claim(k, lockval, entry, "verify")
+            return
+        if verdict is Verdict.ABSENT:
+            new = machine.after_absent(entry, self._clock(), self.tunables)
         else:
             new = machine.after_inconclusive(entry, reason, self._clock(), self.tunables)
-            await self._swap(k, lockval, raw, new)
+        self._count_rescheduled(new, verdict.name.lower())
+        await self._swap(k, lockval, raw, new)
 
-    async def _claim(self, k: SessionKeys, lockval: str, entry: Entry) -> bool:
+    def _count_rescheduled(self, new: Entry, reason: str) -> None:
+        if new.status is Status.ERROR:
+            self.metrics.failed.inc()
+        elif new.status is Status.PENDING:
+            self.metrics.retried.labels(reason=reason).inc()
+
+    async def _claim(self, k: SessionKeys, lockval: str, entry: Entry, via: str) -> bool:
         removed = await self._bookkeep(
             "complete",
             lambda: self._store.complete(k, entry.id, lockval, self._now_ms(), release=False),
         )
         if removed is not None and removed > 0:
+            self.metrics.delivered.labels(via=via).inc()
+            waited = (self._clock() - entry.accepted_at).total_seconds()
+            self.metrics.accept_to_delivered_seconds.observe(max(0.0, waited))
             await self._fire(self._on_delivered, "on_delivered", k, entry)
             return True
         return False
@@ -464,7 +488,10 @@ class Outbox:
                 return None
             return raw, machine.retried(e).to_json()
 
-        return RetryResult(await self._edit_entry(workspace_id, session_id, entry_id, pick))
+        result = RetryResult(await self._edit_entry(workspace_id, session_id, entry_id, pick))
+        if result is RetryResult.UPDATED:
+            self.metrics.retried.labels(reason="operator").inc()
+        return result
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
         """Remove an entry by ID. BUSY while the session lock is held; NOT_FOUND if absent."""
@@ -517,7 +544,9 @@ class Outbox:
                 else None
             )
 
-        return await self._edit_workspace(workspace_id, "park", edit)
+        n = await self._edit_workspace(workspace_id, "park", edit)
+        self.metrics.parked.inc(n)
+        return n
 
     async def unpark_workspace(self, workspace_id: str) -> int:
         """Re-arm every parked entry of the workspace (pending, or verifying if it was)."""
@@ -598,12 +627,26 @@ class Outbox:
                         log.info("ledger probe failed: %s", exc, extra={"ws": k.ws, "entry": e.id})
                         continue
                     if state in LEDGER_DELIVERED:
-                        settled += await self._claim(k, lockval, e)
+                        settled += await self._claim(k, lockval, e, "ledger")
                     elif state in LEDGER_NOT_DELIVERED:
+                        self.metrics.retried.labels(reason="ledger").inc()
                         settled += await self._swap(k, lockval, raw, machine.rearmed_by_ledger(e))
         finally:
             await self._release(k, lockval)
         return settled
+
+    async def count_by_status(self) -> dict[str, int]:
+        """How many entries of every registered workspace are in each status (for metrics
+        and ``stats``): one pipelined read per workspace, O(entries)."""
+        counts: dict[str, int] = {}
+        for ws in await self._store.workspaces():
+            w = workspace_keys(ws)
+            sessions = [SessionKeys(ws, s) for s in await self._store.members(w.sessions)]
+            for raws in await self._store.session_entries(sessions):
+                for raw in raws:
+                    status = str(decode_entry(raw).status)
+                    counts[status] = counts.get(status, 0) + 1
+        return counts
 
     async def cleanup_workspace(self, workspace_id: str) -> int:
         """Delete every outbox key of the workspace; returns how many. Idempotent."""

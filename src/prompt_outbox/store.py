@@ -265,6 +265,17 @@ class Store:
                 nxt = int(score) if nxt is None else min(nxt, int(score))
         return due, nxt
 
+    async def session_entries(self, keys: Sequence[SessionKeys]) -> list[list[str]]:
+        """Each session's staging then queue, raw (one pipelined round trip)."""
+        if not keys:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.lrange(k.staging, 0, -1)
+            pipe.lrange(k.queue, 0, -1)
+        replies = await pipe.execute(raise_on_error=True)
+        return [[_text(x) for x in replies[i] + replies[i + 1]] for i in range(0, len(replies), 2)]
+
     async def staging_lengths(self, keys: Sequence[SessionKeys]) -> list[int]:
         pipe = self.client.pipeline(transaction=False)
         for k in keys:

@@ -23,6 +23,7 @@ from ..entry import raw_object_fields
 from ..errors import Duplicate, OutboxFull
 from ..events import parse_event_id
 from ..keys import check_id
+from ..metrics import CONTENT_TYPE
 from ..outbox import Outbox
 from ..validate import MAX_TEXT_BYTES
 from .auth import Principal, TokenTable
@@ -253,6 +254,12 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
         """Valkey answers (503 otherwise, through the storage handler)."""
         await outbox.ping()
         return {"status": "ready"}
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus text: this process's counters and histograms, and entries by status."""
+        body = outbox.metrics.render(await outbox.count_by_status())
+        return Response(body, media_type=CONTENT_TYPE)
 
     return app
 
