@@ -26,7 +26,7 @@ test-all: lint
 	$(BIN)/pytest -q -m ''
 
 demo: $(STAMP)
-	$(BIN)/python examples/quickstart.py
+	$(BIN)/prompt-outbox demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -74,8 +74,11 @@ def test_sigkill_the_service_and_restart_loses_nothing(tmp_path: Path) -> None:
                 time.sleep(0.05)
             assert agent.ids() == ids  # in order, once each
             assert httpx.get(url).json() == {"entries": []}
-            proc.send_signal(signal.SIGTERM)  # graceful: joins workers, stops Valkey
-            assert proc.wait(timeout=30) == 0
+            # An open event stream (a phone listening) must not hold the shutdown up.
+            with httpx.stream("GET", url.removesuffix("/prompts") + "/events") as events:
+                assert next(events.iter_lines()).startswith("retry:")
+                proc.send_signal(signal.SIGTERM)  # graceful: joins workers, stops Valkey
+                assert proc.wait(timeout=30) == 0
     with EmbeddedValkey(data):  # the data dir was released
         pass
 

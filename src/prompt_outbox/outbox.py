@@ -635,18 +635,27 @@ class Outbox:
             await self._release(k, lockval)
         return settled
 
-    async def count_by_status(self) -> dict[str, int]:
-        """How many entries of every registered workspace are in each status (for metrics
-        and ``stats``): one pipelined read per workspace, O(entries)."""
-        counts: dict[str, int] = {}
+    async def count_by_workspace(self) -> dict[str, dict[str, int]]:
+        """Entries per status, per registered workspace (for ``stats``): one pipelined read
+        per workspace, O(entries)."""
+        out: dict[str, dict[str, int]] = {}
         for ws in await self._store.workspaces():
             w = workspace_keys(ws)
             sessions = [SessionKeys(ws, s) for s in await self._store.members(w.sessions)]
+            counts = out.setdefault(ws, {})
             for raws in await self._store.session_entries(sessions):
                 for raw in raws:
                     status = str(decode_entry(raw).status)
                     counts[status] = counts.get(status, 0) + 1
-        return counts
+        return out
+
+    async def count_by_status(self) -> dict[str, int]:
+        """Entries per status across every workspace (the metrics gauge)."""
+        total: dict[str, int] = {}
+        for counts in (await self.count_by_workspace()).values():
+            for status, n in counts.items():
+                total[status] = total.get(status, 0) + n
+        return total
 
     async def cleanup_workspace(self, workspace_id: str) -> int:
         """Delete every outbox key of the workspace; returns how many. Idempotent."""

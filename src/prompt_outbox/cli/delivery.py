@@ -1,0 +1,110 @@
+"""The CLI's deliverer choice: a webhook or an opencode server, from options or env."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from ..callbacks import Deliverer, Verifier
+from ..deliver import OpencodeDeliverer, WebhookDeliverer, load_targets, template_targets
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Delivery:
+    """What the workers call, what verifies ambiguous sends, and how to close them."""
+
+    deliverer: Deliverer
+    verifier: Verifier | None
+    aclose: Callable[[], Awaitable[None]]
+
+
+def delivery_options(command: F) -> F:
+    """The options of both deliverers (webhook-* or opencode-*; at most one of the two)."""
+    options = [
+        click.option(
+            "--webhook-url",
+            envvar="PROMPT_OUTBOX_WEBHOOK_URL",
+            help="deliver entries by POSTing them here",
+        ),
+        click.option(
+            "--webhook-verify-url",
+            envvar="PROMPT_OUTBOX_WEBHOOK_VERIFY_URL",
+            help="GET ?id= answers delivered / absent",
+        ),
+        click.option(
+            "--webhook-secret-env",
+            default="PROMPT_OUTBOX_WEBHOOK_SECRET",
+            show_default=True,
+            help="env var holding the signing secret",
+        ),
+        click.option(
+            "--opencode-url",
+            envvar="PROMPT_OUTBOX_OPENCODE_URL",
+            help="deliver to this opencode server (a template: {workspace}, {session})",
+        ),
+        click.option(
+            "--opencode-session",
+            default="{session}",
+            show_default=True,
+            help="the opencode session ID for ours (a template: {workspace}, {session})",
+        ),
+        click.option(
+            "--opencode-targets",
+            type=click.Path(exists=True, dir_okay=False),
+            help='a JSON map {"<ws>/<ses>": {"url": ..., "session": ...}} instead of the URL',
+        ),
+        click.option(
+            "--opencode-timeout",
+            default=120.0,
+            show_default=True,
+            type=float,
+            help="seconds to wait for a turn; past it the send is verified",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def build_delivery(
+    webhook_url: str | None,
+    webhook_verify_url: str | None,
+    webhook_secret_env: str,
+    opencode_url: str | None,
+    opencode_session: str,
+    opencode_targets: str | None,
+    opencode_timeout: float,
+) -> Delivery | None:
+    """The configured deliverer, or None when none is (usage errors say what is missing)."""
+    opencode = opencode_url is not None or opencode_targets is not None
+    if webhook_url and opencode:
+        raise click.UsageError("choose one deliverer: --webhook-url or --opencode-url/-targets")
+    if webhook_url:
+        secret = os.environ.get(webhook_secret_env, "")
+        if not secret:
+            raise click.UsageError(f"--webhook-url needs a signing secret in ${webhook_secret_env}")
+        hook = WebhookDeliverer(webhook_url, secret=secret.encode(), verify_url=webhook_verify_url)
+        return Delivery(hook, hook.verify if webhook_verify_url else None, hook.aclose)
+    if opencode:
+        try:
+            targets = (
+                load_targets(opencode_targets)
+                if opencode_targets
+                else template_targets(str(opencode_url), opencode_session)
+            )
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(str(exc)) from None
+        # opencode's own basic-auth variables, if its server was started with them.
+        password = os.environ.get("OPENCODE_SERVER_PASSWORD", "")
+        user = os.environ.get("OPENCODE_SERVER_USERNAME", "opencode")
+        agent = OpencodeDeliverer(
+            targets, timeout=opencode_timeout, auth=(user, password) if password else None
+        )
+        return Delivery(agent, agent.verify, agent.aclose)
+    return None

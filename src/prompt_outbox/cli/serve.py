@@ -1,0 +1,158 @@
+"""``serve`` (the HTTP API and the delivery workers in one process) and ``worker`` (delivery
+only, for extra replicas)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import click
+import uvicorn
+
+from ..api import TokenTable, create_app
+from ..outbox import Outbox
+from .delivery import Delivery, build_delivery, delivery_options
+from .storage import open_valkey, storage_options
+
+log = logging.getLogger("prompt_outbox.cli")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises a captured SIGTERM once it has stopped, which would kill the process
+    before the workers are joined and the embedded Valkey is stopped: we handle signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def request_exit(self) -> None:
+        self.should_exit = True
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _on_signals(stop: asyncio.Event | _Server) -> None:
+    loop = asyncio.get_running_loop()
+    handler = stop.set if isinstance(stop, asyncio.Event) else stop.request_exit
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handler)
+
+
+@contextlib.asynccontextmanager
+async def delivering(outbox: Outbox, delivery: Delivery | None) -> AsyncIterator[None]:
+    """Run the workers for the block; on the way out they finish what is in flight."""
+    worker = None
+    if delivery is None:
+        log.warning("no deliverer configured: prompts are accepted and wait in the outbox")
+    else:
+        outbox.set_verifier(delivery.verifier)
+        worker = asyncio.create_task(outbox.run(delivery.deliverer))
+    try:
+        yield
+    finally:
+        if worker is not None:
+            worker.cancel()  # run() finishes in-flight deliveries before it returns
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        if delivery is not None:
+            await delivery.aclose()
+
+
+async def run_api(outbox: Outbox, tokens: TokenTable, host: str, port: int) -> None:
+    """Serve the API until SIGINT / SIGTERM."""
+    # Open event streams never end by themselves: give them a bound at shutdown.
+    config = uvicorn.Config(
+        create_app(outbox, tokens), host=host, port=port, timeout_graceful_shutdown=5
+    )
+    server = _Server(config)
+    _on_signals(server)
+    await server.serve()  # returns once a signal asked it to
+
+
+@click.command()
+@storage_options
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option(
+    "--tokens",
+    "tokens_file",
+    envvar="PROMPT_OUTBOX_TOKENS_FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    help="bearer-token file (JSON)",
+)
+@click.option("--no-auth", is_flag=True, help="let every request in (loopback development only)")
+@delivery_options
+def serve(
+    valkey_url: str | None,
+    data_dir: Path,
+    strict_durability: bool,
+    host: str,
+    port: int,
+    tokens_file: str | None,
+    no_auth: bool,
+    **delivery: str | float | None,
+) -> None:
+    """Run the HTTP API and the delivery workers in one process."""
+    if no_auth and not _is_loopback(host):
+        raise click.UsageError("--no-auth is only allowed on a loopback --host")
+    if not no_auth and tokens_file is None:
+        raise click.UsageError("give --tokens FILE (or --no-auth for loopback development)")
+    try:
+        tokens = (
+            TokenTable({}, disabled=True) if no_auth else TokenTable.from_file(str(tokens_file))
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if no_auth:
+        click.secho(
+            "WARNING: authentication is DISABLED (--no-auth); loopback only.", fg="red", err=True
+        )
+    chosen = build_delivery(**delivery)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async with open_valkey(valkey_url, data_dir, strict_durability) as client:
+            outbox = Outbox(client)
+            async with delivering(outbox, chosen):
+                await run_api(outbox, tokens, host, port)
+
+    asyncio.run(main())
+
+
+@click.command()
+@storage_options
+@delivery_options
+def worker(
+    valkey_url: str | None,
+    data_dir: Path,
+    strict_durability: bool,
+    **delivery: str | float | None,
+) -> None:
+    """Deliver only (no API): an extra replica beside ``serve``, on the same Valkey.
+
+    Without --valkey-url it joins the embedded Valkey a ``serve`` runs on --data-dir.
+    """
+    chosen = build_delivery(**delivery)  # type: ignore[arg-type]
+    if chosen is None:
+        raise click.UsageError("a worker needs a deliverer: --webhook-url or --opencode-url")
+
+    async def main() -> None:
+        async with open_valkey(valkey_url, data_dir, strict_durability) as client:
+            outbox = Outbox(client)
+            stop = asyncio.Event()
+            _on_signals(stop)
+            async with delivering(outbox, chosen):
+                await stop.wait()
+
+    asyncio.run(main())

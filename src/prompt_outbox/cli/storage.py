@@ -1,0 +1,79 @@
+"""Where the CLI's Valkey comes from: a URL, the embedded server another command already runs
+on the data dir, or an embedded server this command starts (and stops) itself."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import valkey.asyncio as valkey_async
+
+from ..durability import DurabilityError, check_durability
+from ..embedded import DataDirInUse, EmbeddedValkey, running_url
+
+log = logging.getLogger("prompt_outbox.cli")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def storage_options(command: F) -> F:
+    """--valkey-url / --data-dir / --strict-durability, shared by every command."""
+    for option in reversed(
+        [
+            click.option(
+                "--valkey-url",
+                envvar="PROMPT_OUTBOX_VALKEY_URL",
+                help="external Valkey; default: the embedded one on --data-dir",
+            ),
+            click.option(
+                "--data-dir",
+                default="./.prompt-outbox",
+                show_default=True,
+                envvar="PROMPT_OUTBOX_DATA_DIR",
+                type=click.Path(path_type=Path),
+                help="the embedded Valkey's data",
+            ),
+            click.option(
+                "--strict-durability",
+                is_flag=True,
+                help="refuse a Valkey that could lose acknowledged accepts",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+@contextlib.asynccontextmanager
+async def open_valkey(
+    valkey_url: str | None, data_dir: Path, strict_durability: bool = False
+) -> AsyncIterator[valkey_async.Valkey]:
+    """A client on the configured Valkey, durability checked. Without a URL: attach to the
+    embedded server running on ``data_dir``, or start one for as long as the block runs."""
+    embedded: EmbeddedValkey | None = None
+    url = valkey_url or running_url(data_dir)
+    if url is None:
+        embedded = EmbeddedValkey(data_dir)
+        try:
+            embedded.start()
+        except DataDirInUse as exc:
+            raise click.ClickException(str(exc)) from None
+        url = embedded.url
+        log.info("embedded Valkey on %s, data in %s", url, embedded.data_dir)
+    elif valkey_url is None:
+        log.info("using the embedded Valkey already running on %s (%s)", data_dir, url)
+    client = valkey_async.Valkey.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+    try:
+        try:
+            for problem in await check_durability(client, strict=strict_durability):
+                log.warning("durability: %s", problem)
+        except DurabilityError as exc:
+            raise click.ClickException(str(exc)) from None
+        yield client
+    finally:
+        await client.aclose()
+        if embedded is not None:
+            embedded.stop()
