@@ -157,3 +157,23 @@ def test_demo_loses_nothing(tmp_path: Path) -> None:
     assert rows["accepted"] == "40" and rows["delivered"] == "40"
     assert rows["lost"] == "0" and rows["run twice by the agent"] == "0"
     assert int(rows["faults injected by the agent"]) > 0
+
+
+def test_deliverer_options_are_checked(tmp_path: Path) -> None:
+    bad_map = tmp_path / "targets.json"
+    bad_map.write_text('{"no-slash": {"url": "http://127.0.0.1:1"}}')
+    cases = [
+        (
+            ["--webhook-url", "http://127.0.0.1:1/h", "--opencode-url", "http://127.0.0.1:2"],
+            "one deliverer",
+        ),
+        (["--webhook-url", "http://127.0.0.1:1/h"], "signing secret"),
+        (["--opencode-targets", str(bad_map)], "bad entry"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "PROMPT_OUTBOX_WEBHOOK_SECRET"}
+    for args, message in cases:
+        r = subprocess.run(
+            [BIN, "worker", "--data-dir", str(tmp_path), *args],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)

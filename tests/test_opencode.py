@@ -5,6 +5,7 @@ back, and the response classes."""
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -208,3 +209,29 @@ def test_static_targets_resolve_and_refuse_unmapped() -> None:
     assert resolve("w", "s") == OpencodeTarget("http://127.0.0.1:1", "ses_x")
     with pytest.raises(LookupError):
         resolve("w", "other")
+
+
+def test_serve_delivers_to_opencode_through_the_api(
+    opencode: OpencodeServer, fake_model: FakeModel, tmp_path: Path
+) -> None:
+    import httpx
+
+    from tests.test_serve import service, wait_healthy
+
+    ses = opencode.new_session()
+    port = free_port()
+    args = ["--no-auth", "--port", str(port), "--data-dir", str(tmp_path)]
+    text = f"through the service {uuid.uuid4()}"
+    url = f"http://127.0.0.1:{port}/v1/workspaces/{WS}/sessions/{ses}/prompts"
+    with service([*args, "--opencode-url", opencode.url]):
+        wait_healthy(port)
+        r = httpx.post(
+            url, json={"clientMessageID": "m1", "text": text, "model": "fake/fake-model"}
+        )
+        assert r.status_code == 202, r.text
+        deadline = time.monotonic() + 60
+        while httpx.get(url).json()["entries"]:
+            assert time.monotonic() < deadline, httpx.get(url).text
+            time.sleep(0.1)
+    assert [texts for _, texts in user_messages(opencode, ses)] == [[text]]
+    assert fake_model.user_turns(text) == 1
