@@ -387,20 +387,28 @@ class Outbox:
 
     @contextlib.asynccontextmanager
     async def _lease(self, k: SessionKeys, lockval: str) -> AsyncIterator[None]:
-        """Keep renewing the session lease while the body runs (until lock_ttl at most)."""
-        renewer = asyncio.create_task(self._renew_until_cancelled(k, lockval))
+        """Keep renewing the session lease while the body runs (until lock_ttl at most).
+
+        The keeper is stopped by a flag, never by cancellation: valkey-py 6.2 can swallow a
+        CancelledError that lands inside a command, and a keeper that missed its cancel went
+        on renewing for lock_ttl, freezing the session (test_lease.py)."""
+        stop = asyncio.Event()
+        keeper = asyncio.create_task(self._renew_until(stop, k, lockval))
         try:
             yield
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            stop.set()
+            await asyncio.shield(keeper)  # at most one renew call to finish
 
-    async def _renew_until_cancelled(self, k: SessionKeys, lockval: str) -> None:
+    async def _renew_until(self, stop: asyncio.Event, k: SessionKeys, lockval: str) -> None:
         t = self.tunables
         started = time.monotonic()
         while time.monotonic() - started < t.lock_ttl:
-            await asyncio.sleep(t.lease_ttl / 3)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(t.lease_ttl / 3):
+                    await stop.wait()
+            if stop.is_set():
+                return
             try:
                 if not await self._store.renew(k, lockval, self._lease_ms, self._now_ms()):
                     log.warning("lease lost mid-delivery", extra={"ws": k.ws, "ses": k.ses})
