@@ -2,7 +2,8 @@
 
 It takes the webhook deliverer's POSTs and, per request, by a seeded draw: records the prompt
 and answers 200; cuts the connection BEFORE recording; records and THEN cuts; records and
-stalls past the client's timeout; answers 503 without recording; or answers 429. Its verify
+stalls past the client's timeout; answers 503 without recording; answers 429; or, if asked
+for, refuses with 400 (a definitive failure). Its verify
 endpoint tells the truth (``delivered`` once recorded, else ``absent``), so the outbox can
 settle every ambiguous send without a blind re-send.
 """
@@ -26,7 +27,8 @@ FAULTS: dict[str, float] = {
     "error_503": 0.08,
     "busy_429": 0.10,
 }
-"""Each request's fate and its weight."""
+"""Each request's fate and its weight. ``reject_400`` (a definitive refusal, not recorded) is
+also understood; it is left out here so that the demo delivers every prompt."""
 
 
 class FlakyAgent:
@@ -52,8 +54,9 @@ class FlakyAgent:
                 if fate == "cut_before_recording":
                     self.connection.shutdown(2)
                     return
-                if fate in ("error_503", "busy_429"):
-                    self._answer(503 if fate == "error_503" else 429, b"not now")
+                if fate in ("error_503", "busy_429", "reject_400"):
+                    status = {"error_503": 503, "busy_429": 429, "reject_400": 400}[fate]
+                    self._answer(status, b"not now")
                     return
                 entry = json.loads(body)
                 agent._record(self.headers.get("X-Prompt-Outbox-Session", ""), entry["id"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 
 _MINUTE = 60.0
@@ -54,3 +55,16 @@ class Tunables:
             raise ValueError("Tunables.lease_ttl must not exceed lock_ttl")
         if self.max_backoff < self.retry_backoff or self.max_verify_backoff < self.verify_backoff:
             raise ValueError("Tunables: a max backoff must not be below its base")
+
+
+def tunables_from_json(text: str) -> Tunables:
+    """Tunables from a JSON object of field -> value (the CLI's ``PROMPT_OUTBOX_TUNABLES``);
+    unknown fields and bad values raise ValueError."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError("tunables must be a JSON object of field -> value")
+    known = {f.name for f in fields(Tunables)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"unknown tunables: {', '.join(unknown)}")
+    return Tunables(**raw)

@@ -17,7 +17,7 @@ import click
 from ..entry import Entry, Status
 from ..outbox import Outbox
 from ..timeutil import format_time
-from .storage import open_valkey, storage_options
+from .storage import open_outbox, storage_options
 
 T = TypeVar("T")
 EXIT_NOT_FOUND, EXIT_BUSY = 1, 3
@@ -25,11 +25,9 @@ EXIT_NOT_FOUND, EXIT_BUSY = 1, 3
 
 def _with_outbox(opts: dict[str, Any], action: Callable[[Outbox], Awaitable[T]]) -> T:
     async def main() -> T:
-        async with open_valkey(
-            opts["valkey_url"], opts["data_dir"], opts["strict_durability"]
-        ) as client:
+        async with open_outbox(**opts) as outbox:
             try:
-                return await action(Outbox(client))
+                return await action(outbox)
             except ValueError as exc:  # a bad ID or reason: say so, write nothing
                 raise click.BadParameter(str(exc)) from None
 

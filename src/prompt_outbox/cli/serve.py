@@ -17,7 +17,7 @@ import uvicorn
 from ..api import TokenTable, create_app
 from ..outbox import Outbox
 from .delivery import Delivery, build_delivery, delivery_options
-from .storage import open_valkey, storage_options
+from .storage import open_outbox, storage_options
 
 log = logging.getLogger("prompt_outbox.cli")
 
@@ -98,6 +98,7 @@ def serve(
     valkey_url: str | None,
     data_dir: Path,
     strict_durability: bool,
+    tunables_json: str | None,
     host: str,
     port: int,
     tokens_file: str | None,
@@ -122,10 +123,9 @@ def serve(
     chosen = build_delivery(**delivery)  # type: ignore[arg-type]
 
     async def main() -> None:
-        async with open_valkey(valkey_url, data_dir, strict_durability) as client:
-            outbox = Outbox(client)
-            async with delivering(outbox, chosen):
-                await run_api(outbox, tokens, host, port)
+        opened = open_outbox(valkey_url, data_dir, strict_durability, tunables_json)
+        async with opened as outbox, delivering(outbox, chosen):
+            await run_api(outbox, tokens, host, port)
 
     asyncio.run(main())
 
@@ -137,6 +137,7 @@ def worker(
     valkey_url: str | None,
     data_dir: Path,
     strict_durability: bool,
+    tunables_json: str | None,
     **delivery: str | float | None,
 ) -> None:
     """Deliver only (no API): an extra replica beside ``serve``, on the same Valkey.
@@ -148,8 +149,7 @@ def worker(
         raise click.UsageError("a worker needs a deliverer: --webhook-url or --opencode-url")
 
     async def main() -> None:
-        async with open_valkey(valkey_url, data_dir, strict_durability) as client:
-            outbox = Outbox(client)
+        async with open_outbox(valkey_url, data_dir, strict_durability, tunables_json) as outbox:
             stop = asyncio.Event()
             _on_signals(stop)
             async with delivering(outbox, chosen):

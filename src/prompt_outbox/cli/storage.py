@@ -14,13 +14,15 @@ import valkey.asyncio as valkey_async
 
 from ..durability import DurabilityError, check_durability
 from ..embedded import DataDirInUse, EmbeddedValkey, running_url
+from ..outbox import Outbox
+from ..settings import Tunables, tunables_from_json
 
 log = logging.getLogger("prompt_outbox.cli")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def storage_options(command: F) -> F:
-    """--valkey-url / --data-dir / --strict-durability, shared by every command."""
+    """--valkey-url / --data-dir / --strict-durability / --tunables, shared by every command."""
     for option in reversed(
         [
             click.option(
@@ -41,10 +43,32 @@ def storage_options(command: F) -> F:
                 is_flag=True,
                 help="refuse a Valkey that could lose acknowledged accepts",
             ),
+            click.option(
+                "--tunables",
+                "tunables_json",
+                envvar="PROMPT_OUTBOX_TUNABLES",
+                help="JSON of Tunables fields, e.g. '{\"lease_ttl\": 10}' (default: the seed's)",
+            ),
         ]
     ):
         command = option(command)
     return command
+
+
+@contextlib.asynccontextmanager
+async def open_outbox(
+    valkey_url: str | None,
+    data_dir: Path,
+    strict_durability: bool = False,
+    tunables_json: str | None = None,
+) -> AsyncIterator[Outbox]:
+    """An Outbox on the configured Valkey (see ``open_valkey``) with the given tunables."""
+    try:
+        tunables = tunables_from_json(tunables_json) if tunables_json else Tunables()
+    except (ValueError, TypeError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--tunables") from None
+    async with open_valkey(valkey_url, data_dir, strict_durability) as client:
+        yield Outbox(client, tunables)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,148 @@
+"""Shared pieces of the chaos scenarios: worker processes to kill, the accepting clients, and
+the wait for the outbox to settle before the history is checked."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+from prompt_outbox import Outbox, OutboxFull, Status
+from prompt_outbox.flaky_agent import FlakyAgent
+from tests.chaos.history import History
+from tests.chaos.settings import AGENT_STALL, CHAOS_FAULTS
+
+ROOT = Path(__file__).resolve().parents[2]
+WS = "chaos"
+BLOCKING = {Status.PENDING, Status.DELIVERING, Status.VERIFYING}
+
+
+class Workers:
+    """N worker processes (``argv(i)`` builds each command line) that can be SIGKILLed."""
+
+    def __init__(self, argv: Callable[[], list[str]], n: int, env: dict[str, str] | None = None):
+        self._argv, self._env = argv, env
+        self.procs = [self._start() for _ in range(n)]
+        self.kills = 0
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self._argv(), cwd=ROOT, env=self._env, stderr=subprocess.DEVNULL)
+
+    def kill_one(self, rng: random.Random) -> None:
+        i = rng.randrange(len(self.procs))
+        self.procs[i].send_signal(signal.SIGKILL)
+        self.procs[i].wait()
+        self.kills += 1
+        self.procs[i] = self._start()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def library_worker(url: str, agent: FlakyAgent, log_dir: Path) -> Callable[[], list[str]]:
+    def argv() -> list[str]:
+        return [
+            sys.executable, "-m", "tests.chaos.worker_proc",
+            url, agent.url, agent.verify_url, str(log_dir),
+        ]  # fmt: skip
+
+    return argv
+
+
+def chaos_agent(seed: int) -> FlakyAgent:
+    return FlakyAgent(seed, stall=AGENT_STALL, faults=CHAOS_FAULTS)
+
+
+async def keep_killing(workers: Workers, seconds: float, rng: random.Random) -> None:
+    """SIGKILL a random worker (and start it again) every 0.5-3 s, for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        pause = rng.uniform(0.5, 3.0)
+        if time.monotonic() + pause > deadline:
+            return
+        await asyncio.sleep(pause)
+        workers.kill_one(rng)
+
+
+async def accept_paced(
+    accept: Callable[[str, str, int], Awaitable[str | None]],
+    history: History,
+    prompts: int,
+    sessions: int,
+    seconds: float,
+) -> None:
+    """Each session accepts its share in order, spread over ``seconds``. ``accept(ses, cmid,
+    i)`` returns the acknowledged ID, or None for "full, try again"."""
+    per = prompts // sessions
+
+    async def one(ses: str) -> None:
+        ids = history.accepted.setdefault(ses, [])
+        for i in range(per):
+            entry_id = await accept(ses, f"{ses}-{i}", i)
+            while entry_id is None:  # full: the agent is behind; a client waits and re-sends
+                await asyncio.sleep(0.05)
+                entry_id = await accept(ses, f"{ses}-{i}", i)
+            ids.append(entry_id)
+            await asyncio.sleep(seconds / per)
+
+    await asyncio.gather(*(one(f"s{n:03d}") for n in range(sessions)))
+
+
+def library_accept(outbox: Outbox) -> Callable[[str, str, int], Awaitable[str | None]]:
+    async def accept(ses: str, cmid: str, i: int) -> str | None:
+        try:
+            return (await outbox.accept(WS, ses, "user", cmid, f"prompt {i} of {ses}")).id
+        except OutboxFull:
+            return None
+
+    return accept
+
+
+async def settle(outbox: Outbox, history: History, within: float) -> None:
+    """Wait until no session holds a pending / delivering / verifying entry, then record
+    what every session still lists."""
+    deadline = time.monotonic() + within
+    while True:
+        busy = 0
+        for ses in history.accepted:
+            history.final[ses] = await outbox.list(WS, ses)
+            busy += sum(e.status in BLOCKING for e in history.final[ses])
+        if not busy or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.25)
+
+
+def read_worker_logs(log_dir: Path, history: History) -> None:
+    """Every OnDelivered and deliverer call the worker processes wrote (worker_proc.py)."""
+    for path in log_dir.glob("hooks.*"):
+        history.hooks.update(path.read_text().split())
+    history.sends = sum(len(p.read_text().split()) for p in log_dir.glob("calls.*"))
+
+
+def take_agent_history(agent: FlakyAgent, history: History) -> None:
+    history.agent_seen = Counter(agent.seen)
+    history.agent_order = {s: list(ids) for s, ids in agent.order.items()}
+    history.faults.update(agent.faults)
+
+
+@contextlib.contextmanager
+def closing(agent: FlakyAgent) -> Iterator[FlakyAgent]:
+    try:
+        yield agent
+    finally:
+        agent.close()

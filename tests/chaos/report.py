@@ -1,0 +1,34 @@
+"""The chaos summary table: every scenario that ran adds a row; pytest prints it at the end."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict
+
+from .history import Verdict
+from .settings import CHAOS_FAULTS
+
+ROWS: list[tuple[str, str, Verdict]] = []
+
+
+def faults(counts: Counter[str]) -> str:
+    """``kill 6 | agent 414``: process kills and the agent's faults, in one short cell."""
+    agent = sum(v for k, v in counts.items() if k in CHAOS_FAULTS)
+    others = [f"{k} {v}" for k, v in sorted(counts.items()) if k not in CHAOS_FAULTS]
+    return " | ".join([*others, f"agent {agent}"])
+
+
+def add(scenario: str, faults: str, verdict: Verdict) -> None:
+    ROWS.append((scenario, faults, verdict))
+
+
+def render() -> str:
+    if not ROWS:
+        return ""
+    names = list(asdict(ROWS[0][2]))
+    headers = ["scenario", "faults injected", *names]
+    body = [[s, f, *(str(v) for v in asdict(verdict).values())] for s, f, verdict in ROWS]
+    widths = [max(len(r[i]) for r in [headers, *body]) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in body]
+    head = "  ".join(c.ljust(w) for c, w in zip(headers, widths, strict=True))
+    return "\n".join([head, "  ".join("-" * w for w in widths), *lines])

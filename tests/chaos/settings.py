@@ -1,0 +1,36 @@
+"""Timings of the chaos runs: seconds where production has minutes, so faults resolve quickly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from prompt_outbox import Tunables
+
+CHAOS_TUNABLES = Tunables(
+    max_attempts=8,
+    delivery_timeout=5.0,
+    retry_backoff=0.05,
+    max_backoff=0.5,
+    verify_delay=0.2,
+    verify_backoff=0.1,
+    max_verify_backoff=0.5,
+    max_verify_attempts=60,
+    max_transient_failures=200,
+    lease_ttl=1.0,
+    bookkeeping_timeout=10.0,
+)
+CHAOS_TUNABLES_JSON = json.dumps(asdict(CHAOS_TUNABLES))
+WEBHOOK_TIMEOUT = 1.0
+AGENT_STALL = 1.5  # past the webhook timeout: an ambiguous send the agent DID record
+
+# The agent's fates: every class of the seed, recorded and not.
+CHAOS_FAULTS = {
+    "ok": 0.70,
+    "cut_before_recording": 0.05,
+    "cut_after_recording": 0.05,
+    "stall_after_recording": 0.03,
+    "error_503": 0.05,
+    "busy_429": 0.07,
+    "reject_400": 0.05,
+}
