@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import httpx
+
 from prompt_outbox import Outbox, OutboxFull, Status
 from prompt_outbox.flaky_agent import FlakyAgent
 from tests.chaos.history import History
@@ -109,6 +111,20 @@ def library_accept(outbox: Outbox) -> Callable[[str, str, int], Awaitable[str | 
             return (await outbox.accept(WS, ses, "user", cmid, f"prompt {i} of {ses}")).id
         except OutboxFull:
             return None
+
+    return accept
+
+
+def http_accept(http: httpx.AsyncClient) -> Callable[[str, str, int], Awaitable[str | None]]:
+    """Accept through the HTTP API; a duplicate answer (a re-send) names the first ID."""
+
+    async def accept(ses: str, cmid: str, i: int) -> str | None:
+        body = {"clientMessageID": cmid, "text": f"prompt {i} of {ses}"}
+        r = await http.post(f"/v1/workspaces/{WS}/sessions/{ses}/prompts", json=body)
+        if r.status_code in (429, 503):
+            return None
+        r.raise_for_status()
+        return str(r.json()["id"])
 
     return accept
 

@@ -8,20 +8,23 @@ per entry; each session's prompts reached the agent in accept order.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from pathlib import Path
 
+import httpx
 import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Outbox
-from prompt_outbox.embedded import EmbeddedValkey
+from prompt_outbox.embedded import EmbeddedValkey, free_port
 from tests.chaos import report
 from tests.chaos.harness import (
     Workers,
     accept_paced,
     chaos_agent,
     closing,
+    http_accept,
     keep_killing,
     library_accept,
     library_worker,
@@ -30,7 +33,9 @@ from tests.chaos.harness import (
     take_agent_history,
 )
 from tests.chaos.history import History, check
-from tests.chaos.settings import CHAOS_TUNABLES
+from tests.chaos.settings import CHAOS_TUNABLES, CHAOS_TUNABLES_JSON
+from tests.test_serve import BIN, wait_healthy
+from tests.test_serve import service as service_process
 
 RUNS = [
     pytest.param(1_000, 50, 10.0, id="short"),
@@ -68,5 +73,47 @@ async def test_worker_kills_lose_nothing_and_run_nothing_twice(
     faults = report.faults(history.faults)
     report.add(f"worker kills ({prompts} prompts, {seconds:.0f} s)", faults, verdict)
     assert workers.kills >= seconds / 3.5
+    assert verdict.ok, verdict
+    assert verdict.accepted == prompts
+
+
+@pytest.mark.timeout(600)
+async def test_worker_kills_through_the_http_api_and_the_cli_workers(
+    valkey_server: EmbeddedValkey, client: valkey_async.Valkey, tmp_path: Path
+) -> None:
+    """The short run through the product: ``serve`` takes the prompts over HTTP, three
+    ``prompt-outbox worker`` processes deliver and are SIGKILLed at random."""
+    prompts, sessions, seconds = 300, 20, 10.0
+    rng = random.Random(3)
+    history = History(hooks_recorded=False)  # the CLI workers have no OnDelivered to report
+    port = free_port()
+    env = {
+        **os.environ,
+        "PROMPT_OUTBOX_TUNABLES": CHAOS_TUNABLES_JSON,
+        "PROMPT_OUTBOX_WEBHOOK_SECRET": "chaos",
+    }
+    url = valkey_server.url
+    serve_args = ["--no-auth", "--port", str(port), "--valkey-url", url]
+    with closing(chaos_agent(seed=11)) as agent, service_process(serve_args, env):
+        wait_healthy(port)
+        hook = ["--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
+        workers = Workers(lambda: [BIN, "worker", "--valkey-url", url, *hook], 3, env)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+                await asyncio.gather(
+                    accept_paced(http_accept(http), history, prompts, sessions, seconds * 0.8),
+                    keep_killing(workers, seconds, rng),
+                )
+            await settle(Outbox(client, CHAOS_TUNABLES), history, within=120)
+        finally:
+            workers.stop()
+        take_agent_history(agent, history)
+    history.faults["kill"] = workers.kills
+    verdict = check(history)
+    report.add(
+        f"worker kills, HTTP + CLI workers ({prompts} prompts)",
+        report.faults(history.faults),
+        verdict,
+    )
     assert verdict.ok, verdict
     assert verdict.accepted == prompts
