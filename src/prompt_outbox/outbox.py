@@ -17,7 +17,7 @@ from valkey.asyncio import Valkey
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
-from . import machine
+from . import failpoints, machine
 from .callbacks import Deliverer, DismissResult, Hook, LedgerProbe, RetryResult, Verdict, Verifier
 from .entry import Entry, Status, decode_entry
 from .errors import Duplicate, OutboxFull
@@ -267,7 +267,9 @@ class Outbox:
             return Step.NONE
         if got.kind == "staged":
             await self._requeue_staged(k, lockval, got.entries)
+            failpoints.reached("after-requeue")
             return Step.ACTED
+        failpoints.reached("after-acquire")
         raw = got.entries[0]
         entry = decode_entry(raw)
         if entry.status is Status.PENDING:
@@ -283,10 +285,12 @@ class Outbox:
         staged_raw = staged.to_json()
         if await self._store.stage(k, lockval, raw, staged_raw) != "ok":
             return
+        failpoints.reached("after-stage")
         await self._fire(self._on_staged, "on_staged", k, staged)
         started = time.perf_counter()
         async with self._lease(k, lockval):
             failure = await self._bounded(deliverer(k.ws, k.ses, staged))
+        failpoints.reached("after-deliver")
         self.metrics.delivery_seconds.observe(time.perf_counter() - started)
         outcome = machine.classify(failure)
         self.metrics.attempts.labels(outcome=outcome.value).inc()
@@ -313,6 +317,7 @@ class Outbox:
                 k, lockval, staged_raw, new.to_json(), self._now_ms(), release=False
             ),
         )
+        failpoints.reached("after-restore")
 
     async def _verify(self, k: SessionKeys, lockval: str, raw: str, entry: Entry) -> None:
         verifier = self._verifier
@@ -327,6 +332,7 @@ class Outbox:
                     verdict = await verifier(k.ws, k.ses, entry)
             except Exception as exc:
                 reason = f"verifier failed: {machine.describe(exc)}"
+        failpoints.reached("after-verify")
         self.metrics.verified.labels(verdict=verdict.name.lower()).inc()
         if verdict is Verdict.DELIVERED:
             await self._claim(k, lockval, entry, "verify")
@@ -350,6 +356,7 @@ class Outbox:
             lambda: self._store.complete(k, entry.id, lockval, self._now_ms(), release=False),
         )
         if removed is not None and removed > 0:
+            failpoints.reached("after-complete")
             self.metrics.delivered.labels(via=via).inc()
             waited = (self._clock() - entry.accepted_at).total_seconds()
             self.metrics.accept_to_delivered_seconds.observe(max(0.0, waited))
@@ -496,7 +503,9 @@ class Outbox:
                 return None
             return raw, machine.retried(e).to_json()
 
-        result = RetryResult(await self._edit_entry(workspace_id, session_id, entry_id, pick))
+        result = RetryResult(
+            await self._edit_entry(workspace_id, session_id, entry_id, pick, "retry")
+        )
         if result is RetryResult.UPDATED:
             self.metrics.retried.labels(reason="operator").inc()
         return result
@@ -508,7 +517,9 @@ class Outbox:
             raw = self._find((*snap.staging, *snap.queue), entry_id)
             return None if raw is None else (raw, "")
 
-        return DismissResult(await self._edit_entry(workspace_id, session_id, entry_id, pick))
+        return DismissResult(
+            await self._edit_entry(workspace_id, session_id, entry_id, pick, "dismiss")
+        )
 
     async def _edit_entry(
         self,
@@ -516,6 +527,7 @@ class Outbox:
         session_id: str,
         entry_id: str,
         pick: Callable[[Snapshot], tuple[str, str] | None],
+        what: str,
     ) -> _Edit:
         """Swap one entry (pick: snapshot -> (old, new), new '' deletes) unless the lock is
         held. A swap that misses because the entry changed meanwhile is retried on a new read."""
@@ -528,6 +540,7 @@ class Outbox:
             pair = pick(snap)
             if pair is None:
                 return _Edit.MISSING
+            failpoints.reached(f"{what}-before-write")
             n = await self._store.replace(k, "", self._now_ms(), [pair])
             if n < 0:
                 return _Edit.BUSY
@@ -595,6 +608,7 @@ class Outbox:
                 busy.append(ses)
             else:
                 total += n
+            failpoints.reached(f"{what}-between-sessions")
         if busy:
             log.warning("%s skipped busy sessions", what, extra={"ws": w.ws, "sessions": busy})
         return total
@@ -634,6 +648,7 @@ class Outbox:
                     except Exception as exc:
                         log.info("ledger probe failed: %s", exc, extra={"ws": k.ws, "entry": e.id})
                         continue
+                    failpoints.reached("sweep-after-probe")
                     if state in LEDGER_DELIVERED:
                         settled += await self._claim(k, lockval, e, "ledger")
                     elif state in LEDGER_NOT_DELIVERED:

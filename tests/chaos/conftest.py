@@ -8,7 +8,10 @@ from tests.chaos import report
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    table = report.render()
-    if table:
-        terminalreporter.section("chaos summary")
-        terminalreporter.write_line(table)
+    for title, table in (
+        ("chaos summary", report.render()),
+        ("crash points", report.render_crash_points()),
+    ):
+        if table:
+            terminalreporter.section(title)
+            terminalreporter.write_line(table)

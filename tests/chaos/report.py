@@ -32,3 +32,18 @@ def render() -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in body]
     head = "  ".join(c.ljust(w) for c, w in zip(headers, widths, strict=True))
     return "\n".join([head, "  ".join("-" * w for w in widths), *lines])
+
+
+CRASH_POINTS: list[tuple[str, str]] = []
+
+
+def add_crash_point(point: str, outcome: str) -> None:
+    CRASH_POINTS.append((point, outcome))
+
+
+def render_crash_points() -> str:
+    if not CRASH_POINTS:
+        return ""
+    width = max(len(p) for p, _ in CRASH_POINTS)
+    rows = [f"{p.ljust(width)}  {o}" for p, o in CRASH_POINTS]
+    return "\n".join([f"{'crash point'.ljust(width)}  outcome", "-" * (width + 16), *rows])
