@@ -9,6 +9,19 @@ from dataclasses import dataclass, field
 from prompt_outbox import Entry, Verdict
 
 
+class WorkerDied(BaseException):
+    """Raised by a test's agent or verifier: the worker process is gone at that instant.
+
+    A BaseException, so no outbox code handles it: nothing after the call runs, as in a
+    SIGKILL (the chaos crash points do the same with real processes). The lease it took is
+    still live; the test deletes the lock key to make it lapse."""
+
+
+async def dying_agent(ws: str, ses: str, entry: Entry) -> None:
+    """A deliverer whose worker dies inside the call: the entry stays staged."""
+    raise WorkerDied
+
+
 @dataclass
 class ScriptedAgent:
     """A deliverer whose n-th call does what ``outcomes[n]`` says (None = success)."""

@@ -26,7 +26,7 @@ from prompt_outbox import (
     ambiguous,
 )
 from prompt_outbox.keys import SessionKeys
-from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier
+from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied, dying_agent
 from tests.conftest import FAST, ManualClock, eventually
 
 WS, SES = "ws", "s1"
@@ -130,6 +130,87 @@ async def test_dismiss_removes_a_stale_staged_entry(
     await client.lmove(k.queue, k.staging, "LEFT", "RIGHT")  # a dead worker's staging
     assert await manual_outbox.dismiss(WS, SES, e.id) is DismissResult.REMOVED
     assert await manual_outbox.list(WS, SES) == []
+
+
+async def died_mid_send(outbox: Outbox, client: valkey_async.Valkey) -> None:
+    """The worker dies inside the agent call (the head stays staged), then its lease lapses."""
+    with pytest.raises(WorkerDied):
+        await outbox.deliver_once(WS, SES, dying_agent)
+    await client.delete(SessionKeys(WS, SES).lock)
+
+
+async def test_a_retried_older_entry_stays_ahead_of_a_dead_workers_entry(
+    manual_outbox: Outbox, client: valkey_async.Valkey
+) -> None:
+    """Regression (found by the model-based test): recovery used to put the dead worker's
+    entry in front of an older entry retried meanwhile, reordering the conversation."""
+    older = await make_error(manual_outbox, "older")
+    later = await manual_outbox.accept(WS, SES, "u", "later", "later")
+    await died_mid_send(manual_outbox, client)
+    assert await manual_outbox.retry(WS, SES, older.id) is RetryResult.UPDATED
+    listed = await manual_outbox.list(WS, SES)
+    assert [(e.id, e.status) for e in listed] == [
+        (older.id, Status.PENDING),
+        (later.id, Status.VERIFYING),  # recovered first: its send's outcome is unknown
+    ]
+    agent = ScriptedAgent()
+    manual_outbox.set_verifier(ScriptedVerifier([Verdict.ABSENT]))
+    for _ in range(3):
+        manual_outbox._clock.advance(60)  # type: ignore[attr-defined]
+        await manual_outbox.deliver_once(WS, SES, agent)
+    assert [e.id for _, _, e in agent.calls] == [older.id, later.id]  # accept order
+
+
+async def test_park_holds_a_dead_workers_staged_entry_too(
+    manual_outbox: Outbox, client: valkey_async.Valkey
+) -> None:
+    """Regression (found by the model-based test): park skipped staged entries, so after
+    recovery the parked workspace still verified (and could re-send) the dead worker's entry.
+    The seed parks pending, delivering and verifying entries alike."""
+    entry = await manual_outbox.accept(WS, SES, "u", "a", "a")
+    await died_mid_send(manual_outbox, client)
+    assert await manual_outbox.park_workspace(WS, "mode change") == 1
+    [e] = await manual_outbox.list(WS, SES)
+    assert (e.id, e.status) == (entry.id, Status.PARKED)
+    verifier = ScriptedVerifier([Verdict.ABSENT])
+    manual_outbox.set_verifier(verifier)
+    manual_outbox._clock.advance(60)  # type: ignore[attr-defined]
+    assert not await manual_outbox.deliver_once(WS, SES, ScriptedAgent())  # held: inert
+    assert await manual_outbox.unpark_workspace(WS) == 1
+    [e] = await manual_outbox.list(WS, SES)
+    assert e.status is Status.VERIFYING  # its send's outcome is still unknown: verify first
+
+
+OPERATOR_ACTIONS = {
+    "retry": lambda ob, eid: ob.retry(WS, SES, eid),
+    "dismiss-another": lambda ob, eid: ob.dismiss(WS, SES, "someone-else"),
+    "park": lambda ob, eid: ob.park_workspace(WS, "ops"),
+    "unpark": lambda ob, eid: ob.unpark_workspace(WS),
+    "sweep-unverifiable": lambda ob, eid: ob.sweep_workspace_unverifiable(WS),
+    "sweep-ledger": lambda ob, eid: ob.sweep_workspace_parked_errors(WS),
+}
+
+
+@pytest.mark.parametrize("action", list(OPERATOR_ACTIONS))
+async def test_every_operator_action_recovers_a_dead_workers_staging_first(
+    manual_outbox: Outbox, client: valkey_async.Valkey, action: str
+) -> None:
+    """An action never works around staged entries whose holder is gone: it recovers them
+    (verifying, back in accept order), then acts on the whole queue."""
+
+    async def no_row(ws: str, ses: str, entry_id: str, attempt: int) -> str:
+        return ""
+
+    manual_outbox.set_ledger_probe(no_row)
+    older = await make_error(manual_outbox, "older", unverifiable=True)
+    staged = await manual_outbox.accept(WS, SES, "u", "later", "later")
+    await died_mid_send(manual_outbox, client)
+    await OPERATOR_ACTIONS[action](manual_outbox, older.id)
+    assert await client.llen(SessionKeys(WS, SES).staging) == 0
+    listed = await manual_outbox.list(WS, SES)
+    assert [e.id for e in listed] == [older.id, staged.id]
+    want = Status.PARKED if action == "park" else Status.VERIFYING
+    assert listed[1].status is want
 
 
 async def test_concurrent_edits_never_touch_a_neighbour(manual_outbox: Outbox) -> None:

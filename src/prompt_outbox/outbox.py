@@ -491,6 +491,17 @@ class Outbox:
             if got.kind in ("staged", "head"):
                 await self._release(k, lockval)
 
+    async def _snapshot_recovered(self, k: SessionKeys) -> Snapshot:
+        """The session as an operator action must see it: a dead worker's staged entries
+        (staging with no holder) are recovered first, so the action finds them where they
+        belong (in the queue, verifying). Acting around them would miss them (a park that
+        leaves one to be re-sent) or reorder them (a retried older entry behind them)."""
+        snap = await self._store.snapshot(k)
+        if snap.staging and not snap.locked:
+            await self._recover_session(k)
+            snap = await self._store.snapshot(k)
+        return snap
+
     # -- operator actions ----------------------------------------------------------------
 
     async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
@@ -534,7 +545,7 @@ class Outbox:
         k = session_keys(workspace_id, session_id)
         check_id("entry ID", entry_id)
         for _ in range(3):
-            snap = await self._store.snapshot(k)
+            snap = await self._snapshot_recovered(k)
             if snap.locked:
                 return _Edit.BUSY
             pair = pick(snap)
@@ -592,7 +603,7 @@ class Outbox:
         total, busy = 0, []
         for ses in await self._store.members(w.sessions):
             k = SessionKeys(w.ws, ses)
-            snap = await self._store.snapshot(k)
+            snap = await self._snapshot_recovered(k)
             if snap.locked:
                 busy.append(ses)
                 continue
@@ -638,7 +649,11 @@ class Outbox:
         settled = 0
         try:
             async with self._lease(k, lockval):
-                for raw in (await self._store.snapshot(k)).queue:
+                snap = await self._store.snapshot(k)
+                if snap.staging:  # recovered first, as for every operator action
+                    await self._requeue_staged(k, lockval, snap.staging)
+                    snap = await self._store.snapshot(k)
+                for raw in snap.queue:
                     e = decode_entry(raw)
                     if not machine.is_ledger_sweepable(e):
                         continue
