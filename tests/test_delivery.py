@@ -17,6 +17,8 @@ from prompt_outbox import (
     prior_attempt_pending,
     transient,
 )
+from prompt_outbox.keys import session_keys
+from prompt_outbox.store import Store
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier
 from tests.conftest import FAST, ManualClock, eventually, holds
 
@@ -256,3 +258,22 @@ async def test_a_restored_entry_keeps_its_fifo_place_behind_older_errors(
     assert [e.id for e in listed] == ids
     assert [e.status for e in listed] == [Status.ERROR, Status.PENDING, Status.PENDING]
     assert listed[1].attempts == 1
+
+
+async def test_a_completion_retried_after_a_lost_reply_is_still_the_claim(
+    outbox: Outbox, client: valkey_async.Valkey
+) -> None:
+    """Regression (reasoned out from the network-fault scenario): a completion that ran but
+    whose reply was lost is retried; if our lease lapsed meanwhile and another worker holds
+    the session, the retry must still learn it claimed the entry, or OnDelivered never fires
+    for a delivered prompt. The other holder claims nothing."""
+    store = Store(client)
+    entry = await outbox.accept(WS, SES, "u", "c1", "hello")
+    k = session_keys(WS, SES)
+    assert (await store.acquire(k, "mine:1", 10_000, 1)).kind == "head"
+    assert await store.complete(k, entry.id, "mine:1", 1, release=False) == 1  # reply lost
+    assert await store.complete(k, entry.id, "mine:1", 1, release=False) == 1  # the retry
+    await client.set(k.lock, "theirs:2", px=10_000)  # our lease lapsed; another holds it now
+    assert await store.complete(k, entry.id, "mine:1", 1, release=False) == 1
+    assert await store.complete(k, entry.id, "theirs:2", 1, release=False) == 0
+    assert await store.complete(k, entry.id, "third:3", 1, release=False) == -1
