@@ -15,8 +15,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
+from valkey.exceptions import ConnectionError as ValkeyConnectionError
+from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
-from prompt_outbox import Outbox, OutboxFull, Status
+from prompt_outbox import Duplicate, Outbox, OutboxFull, Status
 from prompt_outbox.flaky_agent import FlakyAgent
 from tests.chaos.history import History
 from tests.chaos.settings import AGENT_STALL, CHAOS_FAULTS
@@ -24,6 +26,7 @@ from tests.chaos.settings import AGENT_STALL, CHAOS_FAULTS
 ROOT = Path(__file__).resolve().parents[2]
 WS = "chaos"
 BLOCKING = {Status.PENDING, Status.DELIVERING, Status.VERIFYING}
+STORE_ERRORS = (ValkeyConnectionError, ValkeyTimeoutError, OSError)
 
 
 class Workers:
@@ -106,10 +109,15 @@ async def accept_paced(
 
 
 def library_accept(outbox: Outbox) -> Callable[[str, str, int], Awaitable[str | None]]:
+    """Accept through the library as a careful client does: on no answer (Valkey or the path
+    to it down) send the same clientMessageID again; a Duplicate then names the first ID."""
+
     async def accept(ses: str, cmid: str, i: int) -> str | None:
         try:
             return (await outbox.accept(WS, ses, "user", cmid, f"prompt {i} of {ses}")).id
-        except OutboxFull:
+        except Duplicate as dup:  # an earlier try landed; its answer was lost
+            return dup.accepted_id
+        except (OutboxFull, *STORE_ERRORS):
             return None
 
     return accept

@@ -22,6 +22,7 @@ CHAOS_TUNABLES = Tunables(
 )
 CHAOS_TUNABLES_JSON = json.dumps(asdict(CHAOS_TUNABLES))
 WEBHOOK_TIMEOUT = 1.0
+WORKER_SOCKET_TIMEOUT = 5.0  # a worker's Valkey command gives up after this long
 AGENT_STALL = 1.5  # past the webhook timeout: an ambiguous send the agent DID record
 
 # The agent's fates: every class of the seed, recorded and not.

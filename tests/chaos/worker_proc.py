@@ -18,7 +18,7 @@ import valkey.asyncio as valkey_async
 
 from prompt_outbox import Entry, Outbox
 from prompt_outbox.deliver import WebhookDeliverer
-from tests.chaos.settings import CHAOS_TUNABLES, WEBHOOK_TIMEOUT
+from tests.chaos.settings import CHAOS_TUNABLES, WEBHOOK_TIMEOUT, WORKER_SOCKET_TIMEOUT
 
 
 def _appender(path: Path) -> int:
@@ -39,7 +39,9 @@ async def main(url: str, agent_url: str, verify_url: str, log_dir: Path) -> None
     async def on_delivered(ws: str, ses: str, entry: Entry) -> None:
         os.write(hooks, f"{entry.id}\n".encode())
 
-    client = valkey_async.Valkey.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+    client = valkey_async.Valkey.from_url(
+        url, socket_timeout=WORKER_SOCKET_TIMEOUT, socket_connect_timeout=2
+    )
     outbox = Outbox(client, CHAOS_TUNABLES)
     outbox.set_verifier(hook.verify)
     outbox.set_on_delivered(on_delivered)
