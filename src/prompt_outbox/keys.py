@@ -5,8 +5,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
-MAX_CLIENT_MESSAGE_ID = 256
+ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
+"""Workspace, session and entry IDs. Braces, colons and whitespace would break the key layout
+(or reach another tenant's keys). The HTTP API declares this same pattern in its OpenAPI."""
+
+CLIENT_MESSAGE_ID_PATTERN = r"^[!-~]{1,256}$"
+"""A clientMessageID is an opaque dedupe key: 1-256 visible ASCII characters (no spaces)."""
+
+_ID = re.compile(ID_PATTERN)
+_CLIENT_MESSAGE_ID = re.compile(CLIENT_MESSAGE_ID_PATTERN)
 
 WORKSPACES = "outboxworkspaces"
 """ZSET of workspaces that may hold work, score = last accept (ms). The only untagged key."""
@@ -23,15 +30,9 @@ def check_id(kind: str, value: object) -> str:
 
 
 def check_client_message_id(value: object) -> str:
-    if (
-        not isinstance(value, str)
-        or not 0 < len(value) <= MAX_CLIENT_MESSAGE_ID
-        or not value.isprintable()
-        or any(c.isspace() for c in value)
-    ):
+    if not isinstance(value, str) or not _CLIENT_MESSAGE_ID.fullmatch(value):
         raise ValueError(
-            f"clientMessageID must be 1-{MAX_CLIENT_MESSAGE_ID} printable characters "
-            f"without whitespace, got {value!r}"
+            f"clientMessageID must be 1-256 visible ASCII characters (no spaces), got {value!r}"
         )
     return value
 

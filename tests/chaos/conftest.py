@@ -11,6 +11,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for title, table in (
         ("chaos summary", report.render()),
         ("crash points", report.render_crash_points()),
+        ("model and fuzzing", report.render_lines()),
     ):
         if table:
             terminalreporter.section(title)

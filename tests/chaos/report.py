@@ -47,3 +47,15 @@ def render_crash_points() -> str:
     width = max(len(p) for p, _ in CRASH_POINTS)
     rows = [f"{p.ljust(width)}  {o}" for p, o in CRASH_POINTS]
     return "\n".join([f"{'crash point'.ljust(width)}  outcome", "-" * (width + 16), *rows])
+
+
+LINES: list[str] = []
+
+
+def add_line(line: str) -> None:
+    """A one-line result of a scenario that has no history to check (fuzzing, the model)."""
+    LINES.append(line)
+
+
+def render_lines() -> str:
+    return "\n".join(LINES)

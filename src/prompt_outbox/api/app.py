@@ -7,9 +7,10 @@ caller's ``model`` JSON reaches the agent byte for byte (pydantic would re-encod
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
@@ -22,10 +23,10 @@ from ..callbacks import DismissResult, RetryResult
 from ..entry import raw_object_fields
 from ..errors import Duplicate, OutboxFull
 from ..events import parse_event_id
-from ..keys import check_id
+from ..keys import CLIENT_MESSAGE_ID_PATTERN, ID_PATTERN, check_id
 from ..metrics import CONTENT_TYPE
 from ..outbox import Outbox
-from ..validate import MAX_TEXT_BYTES
+from ..validate import MAX_TEXT_BYTES, MAX_USER_ID
 from .auth import Principal, TokenTable
 from .sse import event_stream
 
@@ -39,12 +40,27 @@ class ApiError(Exception):
         self.status, self.code, self.detail = status, code, detail
 
 
+WorkspaceId = Annotated[str, Path(pattern=ID_PATTERN, description="workspace ID")]
+SessionId = Annotated[str, Path(pattern=ID_PATTERN, description="session ID")]
+EntryId = Annotated[str, Path(pattern=ID_PATTERN, description="entry ID")]
+_PATH_IDS = {"ws": "workspace ID", "ses": "session ID", "entry_id": "entry ID"}
+
+
 class PromptIn(BaseModel):
     """The POST body (documentation only: the body is read raw, see the module docstring)."""
 
-    clientMessageID: str = Field(description="the caller's dedupe key, 1-256 characters")
-    text: str = Field(description="the prompt, at most 100 KiB of UTF-8")
-    model: Any = Field(default=None, description="the agent's model selector, any JSON")
+    clientMessageID: str = Field(
+        pattern=CLIENT_MESSAGE_ID_PATTERN,
+        description="the caller's dedupe key: 1-256 visible ASCII characters, no spaces",
+    )
+    text: str = Field(
+        min_length=1,
+        max_length=MAX_TEXT_BYTES,
+        description=f"the prompt: at most {MAX_TEXT_BYTES} bytes of UTF-8 (413 beyond)",
+    )
+    model: Any = Field(
+        default=None, description="the agent's model selector: any JSON, kept byte for byte"
+    )
 
 
 class Accepted(BaseModel):
@@ -53,8 +69,66 @@ class Accepted(BaseModel):
     duplicate: bool = False
 
 
-def principal(request: Request, ws: str) -> Principal:
-    """The caller's token, checked against the workspace in the path (401 / 403)."""
+class EntryOut(BaseModel):
+    """One listed entry: the seed's field names. Optional fields are omitted, never null."""
+
+    id: str
+    clientMessageID: str
+    userID: str = Field(max_length=MAX_USER_ID)
+    text: str
+    model: Any = None
+    acceptedAt: datetime
+    attempts: int
+    lastAttemptAt: datetime | None = None
+    verifyAttempts: int | None = None
+    transientFails: int | None = None
+    nextAttemptAt: datetime | None = None
+    lastError: str | None = None
+    status: Literal["pending", "delivering", "verifying", "error", "parked"]
+    blockedByInFlight: bool | None = None
+    inFlightFor: int | None = Field(default=None, description="nanoseconds the lock is held")
+
+
+class EntryList(BaseModel):
+    entries: list[EntryOut]
+
+
+class Retried(BaseModel):
+    id: str
+    status: Literal["pending"]
+
+
+class ErrorBody(BaseModel):
+    """Every refusal: a stable code and a human-readable detail."""
+
+    error: str = Field(description="a stable code, e.g. invalid_id, outbox_full, busy")
+    detail: Any = Field(description="what is wrong, for a person")
+
+
+_ERROR_WHY = {
+    400: "bad input: an ID outside [A-Za-z0-9._-]{1,128}, a body that is not JSON, bad values",
+    401: "no valid bearer token",
+    403: "the token may not use this workspace (or the route needs an admin token)",
+    404: "no such entry",
+    409: "a delivery holds the session; try again shortly",
+    413: "the body or the text is too large",
+    422: "a field is missing or of the wrong type",
+    429: "the session's outbox is full",
+    503: "Valkey is unreachable",
+}
+
+
+def errors(*extra: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses for the refusals of a /v1 route: the common ones plus ``extra``."""
+    codes = sorted({400, 401, 403, 422, 503, *extra})
+    return {code: {"model": ErrorBody, "description": _ERROR_WHY[code]} for code in codes}
+
+
+def principal(request: Request) -> Principal:
+    """The caller's token, checked against the workspace in the path (401 / 403). Read from
+    the raw path so that the route's declaration of ``ws`` (with its pattern) is the only one:
+    auth is decided first, the ID checked after."""
+    ws = request.path_params.get("ws", "")
     tokens: TokenTable = request.app.state.tokens
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     found = tokens.lookup(token.strip() if scheme.lower() == "bearer" else "")
@@ -83,7 +157,9 @@ def _session_busy() -> ApiError:
 
 
 class ParkIn(BaseModel):
-    reason: str = Field(min_length=1, max_length=500, description="why, shown on each entry")
+    reason: str = Field(
+        min_length=1, max_length=500, pattern=r"\S", description="why, shown on each entry"
+    )
 
 
 def _error(status: int, code: str, detail: Any) -> JSONResponse:
@@ -92,7 +168,8 @@ def _error(status: int, code: str, detail: Any) -> JSONResponse:
 
 def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
     """The API over ``outbox``; ``tokens`` decides who may touch which workspace."""
-    app = FastAPI(title="prompt-outbox", version=__version__)
+    # No trailing-slash redirects: an empty ID ("/prompts/") is a plain 404, not a 307.
+    app = FastAPI(title="prompt-outbox", version=__version__, redirect_slashes=False)
     app.state.tokens = tokens
 
     @app.exception_handler(ApiError)
@@ -101,6 +178,10 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        for err in exc.errors():
+            loc = tuple(err.get("loc", ()))
+            if len(loc) == 2 and loc[0] == "path" and loc[1] in _PATH_IDS:
+                return _error(400, "invalid_id", _id_problem(_PATH_IDS[loc[1]], err.get("input")))
         return _error(422, "invalid_request", json.loads(json.dumps(exc.errors(), default=str)))
 
     @app.exception_handler(StarletteHTTPException)
@@ -113,16 +194,6 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
     app.add_exception_handler(ValkeyConnectionError, storage_down)
     app.add_exception_handler(ValkeyTimeoutError, storage_down)
 
-    def ids(ws: str, ses: str | None = None, entry_id: str | None = None) -> str:
-        """400 for an ID that would break the key layout; returns the workspace ID."""
-        try:
-            for kind, value in (("session ID", ses), ("entry ID", entry_id)):
-                if value is not None:
-                    check_id(kind, value)
-            return check_id("workspace ID", ws)
-        except ValueError as exc:
-            raise ApiError(400, "invalid_id", str(exc)) from None
-
     @app.post(
         SESSION + "/prompts",
         status_code=202,
@@ -133,11 +204,15 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
                 "content": {"application/json": {"schema": PromptIn.model_json_schema()}},
             }
         },
-        responses={200: {"description": "a duplicate: the first accept's ID"}},
+        responses={
+            200: {"model": Accepted, "description": "a duplicate: the first accept's ID"},
+            **errors(413, 429),
+        },
     )
-    async def accept_prompt(ws: str, ses: str, request: Request, caller: Caller) -> Any:
+    async def accept_prompt(
+        ws: WorkspaceId, ses: SessionId, request: Request, caller: Caller
+    ) -> Any:
         """Accept a prompt for delivery (202), or name the first accept of a duplicate (200)."""
-        ids(ws, ses)
         body = await request.body()
         if len(body) > MAX_BODY_BYTES:
             raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
@@ -154,29 +229,30 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
             raise ApiError(400, "invalid_input", str(exc)) from None
         return Accepted(id=entry.id, status=str(entry.status))
 
-    @app.get(SESSION + "/prompts")
-    async def list_prompts(ws: str, ses: str, caller: Caller) -> Response:
+    @app.get(SESSION + "/prompts", responses={200: {"model": EntryList}, **errors()})
+    async def list_prompts(ws: WorkspaceId, ses: SessionId, caller: Caller) -> Response:
         """The session's queue in FIFO order (the seed's List, with blockedByInFlight)."""
-        ids(ws, ses)
         entries = await outbox.list(ws, ses)
         body = '{"entries":[' + ",".join(e.to_list_json() for e in entries) + "]}"
         return Response(body, media_type="application/json")
 
-    @app.post(SESSION + "/prompts/{entry_id}/retry")
-    async def retry_prompt(ws: str, ses: str, entry_id: str, caller: Caller) -> Any:
+    @app.post(SESSION + "/prompts/{entry_id}/retry", responses=errors(404, 409))
+    async def retry_prompt(
+        ws: WorkspaceId, ses: SessionId, entry_id: EntryId, caller: Caller
+    ) -> Retried:
         """Re-arm an error entry: 200, 404 (no such error entry), 409 (a delivery holds it)."""
-        ids(ws, ses, entry_id)
         result = await outbox.retry(ws, ses, entry_id)
         if result is RetryResult.BUSY:
             raise _session_busy()
         if result is RetryResult.NOT_FOUND:
             raise ApiError(404, "not_found", f"no error entry {entry_id!r} in this session")
-        return {"id": entry_id, "status": "pending"}
+        return Retried(id=entry_id, status="pending")
 
-    @app.delete(SESSION + "/prompts/{entry_id}", status_code=204)
-    async def dismiss_prompt(ws: str, ses: str, entry_id: str, caller: Caller) -> Response:
+    @app.delete(SESSION + "/prompts/{entry_id}", status_code=204, responses=errors(404, 409))
+    async def dismiss_prompt(
+        ws: WorkspaceId, ses: SessionId, entry_id: EntryId, caller: Caller
+    ) -> Response:
         """Dismiss an entry: 204, 404 (absent), 409 (a delivery holds the session)."""
-        ids(ws, ses, entry_id)
         result = await outbox.dismiss(ws, ses, entry_id)
         if result is DismissResult.BUSY:
             raise _session_busy()
@@ -187,11 +263,11 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
     @app.get(
         SESSION + "/events",
         response_class=StreamingResponse,
-        responses={200: {"content": {"text/event-stream": {}}}},
+        responses={200: {"content": {"text/event-stream": {}}}, **errors()},
     )
     async def session_events(
-        ws: str,
-        ses: str,
+        ws: WorkspaceId,
+        ses: SessionId,
         request: Request,
         caller: Caller,
         last_event_id: Annotated[str | None, Header()] = None,
@@ -201,7 +277,6 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
         (accepted, delivering, sent, pending, verifying, error, parked, dismissed). Reconnect
         with ``Last-Event-ID`` to resume after the last event seen, with no reset if the
         capped log still holds everything since."""
-        ids(ws, ses)
         resume = last_event_id or lastEventId
         if resume is not None:
             try:
@@ -217,45 +292,44 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    @app.post("/v1/workspaces/{ws}/park")
-    async def park(ws: str, body: ParkIn, caller: Admin) -> dict[str, int]:
+    @app.post("/v1/workspaces/{ws}/park", responses=errors())
+    async def park(ws: WorkspaceId, body: ParkIn, caller: Admin) -> dict[str, int]:
         """Park every pending / verifying entry of the workspace with the reason."""
         try:
-            return {"parked": await outbox.park_workspace(ids(ws), body.reason)}
+            return {"parked": await outbox.park_workspace(ws, body.reason)}
         except ValueError as exc:
             raise ApiError(400, "invalid_input", str(exc)) from None
 
-    @app.post("/v1/workspaces/{ws}/unpark")
-    async def unpark(ws: str, caller: Admin) -> dict[str, int]:
+    @app.post("/v1/workspaces/{ws}/unpark", responses=errors())
+    async def unpark(ws: WorkspaceId, caller: Admin) -> dict[str, int]:
         """Re-arm the workspace's parked entries."""
-        return {"unparked": await outbox.unpark_workspace(ids(ws))}
+        return {"unparked": await outbox.unpark_workspace(ws)}
 
-    @app.post("/v1/workspaces/{ws}/sweep")
-    async def sweep(ws: str, caller: Admin) -> dict[str, int]:
+    @app.post("/v1/workspaces/{ws}/sweep", responses=errors())
+    async def sweep(ws: WorkspaceId, caller: Admin) -> dict[str, int]:
         """Re-arm unverifiable errors; settle error entries against the ledger probe, if any."""
-        ws = ids(ws)
         return {
             "unverifiable": await outbox.sweep_workspace_unverifiable(ws),
             "parkedErrors": await outbox.sweep_workspace_parked_errors(ws),
         }
 
-    @app.delete("/v1/workspaces/{ws}")
-    async def cleanup(ws: str, caller: Admin) -> dict[str, int]:
+    @app.delete("/v1/workspaces/{ws}", responses=errors())
+    async def cleanup(ws: WorkspaceId, caller: Admin) -> dict[str, int]:
         """Delete every outbox key of the workspace."""
-        return {"deleted": await outbox.cleanup_workspace(ids(ws))}
+        return {"deleted": await outbox.cleanup_workspace(ws)}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         """The process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: {"model": ErrorBody, "description": _ERROR_WHY[503]}})
     async def readyz() -> dict[str, str]:
         """Valkey answers (503 otherwise, through the storage handler)."""
         await outbox.ping()
         return {"status": "ready"}
 
-    @app.get("/metrics", response_class=Response)
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
     async def metrics() -> Response:
         """Prometheus text: this process's counters and histograms, and entries by status."""
         body = outbox.metrics.render(await outbox.count_by_status())
@@ -282,3 +356,12 @@ def _parse_prompt(body: bytes) -> tuple[str, str, str | None]:
     model = fields.get("model")
     raw_model = None if model is None or model[0] is None else model[1]
     return fields["clientMessageID"][0], fields["text"][0], raw_model
+
+
+def _id_problem(kind: str, value: Any) -> str:
+    """The library's own words for a bad ID (one message, one rule: keys.ID_PATTERN)."""
+    try:
+        check_id(kind, value)
+    except ValueError as exc:
+        return str(exc)
+    return f"bad {kind}: {value!r}"
