@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all lint demo clean
+.PHONY: install test test-all chaos lint demo clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: lint
 
 test-all: lint
 	$(BIN)/pytest -q -m ''
+
+# Every chaos scenario, the long runs included (~25 min): worker / Valkey / network faults at full size,
+# the model-based test and schemathesis at their long budgets. Tables also in chaos-report.txt.
+chaos: $(STAMP)
+	CHAOS_REPORT=chaos-report.txt $(BIN)/pytest -q -m '' tests/chaos
 
 demo: $(STAMP)
 	$(BIN)/prompt-outbox demo

@@ -40,7 +40,7 @@ REQUEST_BOUND = 15.0  # seconds: no client request may take longer, Valkey down 
 
 RUNS = [
     pytest.param(400, 20, 10.0, id="short"),
-    pytest.param(4_000, 100, 60.0, id="long", marks=pytest.mark.slow),
+    pytest.param(10_000, 200, 60.0, id="long", marks=pytest.mark.slow),
 ]
 
 
@@ -103,7 +103,7 @@ async def test_valkey_kills_lose_no_acknowledged_accept(
                         kill_valkey(),
                     )  # fmt: skip
                 client = valkey_async.Valkey.from_url(server.url, socket_timeout=5)
-                await settle(Outbox(client, CHAOS_TUNABLES), history, within=120)
+                await settle(Outbox(client, CHAOS_TUNABLES), client, history, within=120)
                 await client.aclose()
             finally:
                 workers.stop()
