@@ -10,6 +10,7 @@ import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import (
+    Entry,
     Outbox,
     Status,
     Verdict,
@@ -19,8 +20,9 @@ from prompt_outbox import (
 )
 from prompt_outbox.keys import session_keys
 from prompt_outbox.store import Store
-from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier
+from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied
 from tests.conftest import FAST, ManualClock, eventually, holds
+from tests.test_run import running
 
 WS, SES = "ws", "s1"
 
@@ -270,10 +272,80 @@ async def test_a_completion_retried_after_a_lost_reply_is_still_the_claim(
     store = Store(client)
     entry = await outbox.accept(WS, SES, "u", "c1", "hello")
     k = session_keys(WS, SES)
+
+    async def complete(lockval: str) -> int:
+        return await store.complete(
+            k, entry.to_json(), entry.id, lockval, 1, release=False, notice_grace_ms=0
+        )
+
     assert (await store.acquire(k, "mine:1", 10_000, 1)).kind == "head"
-    assert await store.complete(k, entry.id, "mine:1", 1, release=False) == 1  # reply lost
-    assert await store.complete(k, entry.id, "mine:1", 1, release=False) == 1  # the retry
+    assert await complete("mine:1") == 1  # its reply lost
+    assert await complete("mine:1") == 1  # the retry
     await client.set(k.lock, "theirs:2", px=10_000)  # our lease lapsed; another holds it now
-    assert await store.complete(k, entry.id, "mine:1", 1, release=False) == 1
-    assert await store.complete(k, entry.id, "theirs:2", 1, release=False) == 0
-    assert await store.complete(k, entry.id, "third:3", 1, release=False) == -1
+    assert await complete("mine:1") == 1
+    assert await complete("theirs:2") == 0
+    assert await complete("third:3") == -1
+
+
+# -- OnDelivered survives the death of the worker that claimed the entry ---------------------
+
+
+async def test_a_hook_its_worker_never_made_is_made_by_another_worker(
+    client: valkey_async.Valkey,
+) -> None:
+    """A worker killed between the claim and its OnDelivered (modelled by a hook that raises
+    WorkerDied: nothing after it runs) leaves the call owed; a living replica makes it after
+    hook_retry_after, once, with the entry as claimed."""
+    t = replace(FAST, bookkeeping_timeout=0.4, hook_retry_after=0.5)
+    dying = Outbox(client, t)
+
+    async def killed(ws: str, ses: str, e: Entry) -> None:
+        raise WorkerDied
+
+    dying.set_on_delivered(killed)
+    entry = await dying.accept(WS, SES, "u", "c1", "hello")
+    with pytest.raises(WorkerDied):
+        await dying.deliver_once(WS, SES, ScriptedAgent())
+    assert await dying.list(WS, SES) == []  # claimed: it will not be sent again
+    w = session_keys(WS, SES).workspace
+    assert await client.hlen(w.notices) == 1  # ...and its hook is owed
+
+    replica = Outbox(client, t)
+    delivered = HookLog()
+    replica.set_on_delivered(delivered)
+    async with running(replica, ScriptedAgent(), tick=0.05):
+        await eventually(lambda: holds(len(delivered.events) == 1), within=5)
+        await asyncio.sleep(3 * t.hook_retry_after)  # long enough to fire twice, if it would
+    assert [(ws, ses, e.id, e.text) for ws, ses, e in delivered.events] == [
+        (WS, SES, entry.id, "hello")
+    ]
+    assert await client.hlen(w.notices) == 0 and await client.zcard(w.notices_due) == 0
+    assert replica.metrics.hooks_refired._value.get() == 1
+
+
+async def test_delivery_leaves_no_owed_hook_and_no_hook_means_no_record(
+    client: valkey_async.Valkey,
+) -> None:
+    w = session_keys(WS, SES).workspace
+    with_hook = Outbox(client, FAST)
+    with_hook.set_on_delivered(HookLog())
+    await with_hook.accept(WS, SES, "u", "c1", "hello")
+    assert await with_hook.deliver_once(WS, SES, ScriptedAgent())
+    assert await client.hlen(w.notices) == 0 and await client.zcard(w.notices_due) == 0
+    without = Outbox(client, FAST)
+    await without.accept(WS, SES, "u", "c2", "hello")
+    assert await without.deliver_once(WS, SES, ScriptedAgent())
+    assert not await client.exists(w.notices, w.notices_due)
+
+
+async def test_an_owed_hook_is_taken_by_one_worker_at_a_time(client: valkey_async.Valkey) -> None:
+    store = Store(client)
+    w = session_keys(WS, SES).workspace
+    await client.hset(w.notices, "s1:e1", '{"id":"e1"}')
+    await client.zadd(w.notices_due, {"s1:e1": 1000})
+    assert await store.take_notices(w, 999, 5000, 10) == []  # not overdue yet
+    assert await store.take_notices(w, 1000, 5000, 10) == [("s1", "e1", '{"id":"e1"}')]
+    assert await store.take_notices(w, 1001, 5000, 10) == []  # taken until 6000
+    assert await store.take_notices(w, 6000, 5000, 10) == [("s1", "e1", '{"id":"e1"}')]
+    assert await store.notified(w, "s1", "e1")
+    assert await store.take_notices(w, 99_999, 5000, 10) == []

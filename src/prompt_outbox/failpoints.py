@@ -15,6 +15,7 @@ POINTS = (
     "after-stage",  # staged, the agent not called yet
     "after-deliver",  # the agent answered, nothing recorded
     "after-complete",  # claimed, OnDelivered not fired
+    "after-hook",  # OnDelivered fired, its record not cleared
     "after-restore",  # the failure recorded, the lock not released
     "after-verify",  # the verdict known, nothing recorded
     "after-requeue",  # recovered to verifying, the lock not released

@@ -59,6 +59,16 @@ class WorkspaceKeys:
         return f"outboxerrors:{{{self.ws}}}"
 
     @property
+    def notices(self) -> str:
+        """HASH ``ses:entry_id`` -> claimed entry JSON: OnDelivered calls owed (the journal)."""
+        return f"outboxnotify:{{{self.ws}}}"
+
+    @property
+    def notices_due(self) -> str:
+        """ZSET ``ses:entry_id`` -> ms after which another worker fires the owed call again."""
+        return f"outboxnotifydue:{{{self.ws}}}"
+
+    @property
     def scan_pattern(self) -> str:
         """Matches every key of this workspace (the ID charset holds no glob characters)."""
         return f"outbox*:{{{self.ws}}}*"

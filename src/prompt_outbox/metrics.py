@@ -52,6 +52,11 @@ class Metrics:
         )
         self.parked = Counter("prompt_outbox_parked", "Entries parked.", registry=r)
         self.failed = Counter("prompt_outbox_failed", "Entries moved to error.", registry=r)
+        self.hooks_refired = Counter(
+            "prompt_outbox_hooks_refired",
+            "OnDelivered calls made for a claim whose worker died before making them.",
+            registry=r,
+        )
         self.accept_seconds = Histogram(
             "prompt_outbox_accept_seconds",
             "Accept latency (the Valkey write included).",

@@ -351,18 +351,55 @@ class Outbox:
             self.metrics.retried.labels(reason=reason).inc()
 
     async def _claim(self, k: SessionKeys, lockval: str, entry: Entry, via: str) -> bool:
+        # With a hook wired, the claim also records the OnDelivered call it owes (see _notify).
+        grace_ms = round(self.tunables.hook_retry_after * 1000) if self._on_delivered else 0
+        raw = entry.to_json()
         removed = await self._bookkeep(
             "complete",
-            lambda: self._store.complete(k, entry.id, lockval, self._now_ms(), release=False),
+            lambda: self._store.complete(
+                k, raw, entry.id, lockval, self._now_ms(), release=False, notice_grace_ms=grace_ms
+            ),
         )
         if removed is not None and removed > 0:
             failpoints.reached("after-complete")
             self.metrics.delivered.labels(via=via).inc()
             waited = (self._clock() - entry.accepted_at).total_seconds()
             self.metrics.accept_to_delivered_seconds.observe(max(0.0, waited))
-            await self._fire(self._on_delivered, "on_delivered", k, entry)
+            await self._notify(k, entry)
             return True
         return False
+
+    async def _notify(self, k: SessionKeys, entry: Entry) -> None:
+        """Fire OnDelivered for a claimed entry, then clear the record of the call owed. A
+        worker killed in between leaves the record: another fires the hook again after
+        ``hook_retry_after`` (at-least-once; twice only if killed after the hook ran)."""
+        hook = self._on_delivered
+        if hook is None:
+            return
+        await self._fire(hook, "on_delivered", k, entry)
+        failpoints.reached("after-hook")
+        await self._bookkeep("notified", lambda: self._store.notified(k.workspace, k.ses, entry.id))
+
+    async def _fire_owed_hooks(self) -> int:
+        """Fire the OnDelivered calls that claims owe and whose workers did not make them in
+        time (killed after the claim). Returns how many were fired."""
+        if self._on_delivered is None:
+            return 0
+        grace_ms = round(self.tunables.hook_retry_after * 1000)
+        fired = 0
+        for ws in await self._store.workspaces():
+            owed = await self._store.take_notices(
+                workspace_keys(ws), self._now_ms(), grace_ms, limit=100
+            )
+            for ses, entry_id, raw in owed:
+                log.warning(
+                    "firing an OnDelivered its worker never made",
+                    extra={"ws": ws, "ses": ses, "entry": entry_id},
+                )
+                self.metrics.hooks_refired.inc()
+                await self._notify(SessionKeys(ws, ses), decode_entry(raw))
+                fired += 1
+        return fired
 
     async def _swap(self, k: SessionKeys, lockval: str, old: str, new: Entry) -> int:
         n = await self._bookkeep(

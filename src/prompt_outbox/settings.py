@@ -17,6 +17,8 @@ class Tunables:
     ``lease_ttl`` is the short delivery-lock lease the living worker renews (a killed worker's
     session unfreezes after at most this long); ``lock_ttl`` is the hard ceiling on one hold.
     ``event_log_len`` / ``event_log_ttl`` bound each session's event log (``Outbox.watch``).
+    ``hook_retry_after``: an OnDelivered owed by a worker that died after its claim is fired
+    again by another worker after this long.
     """
 
     max_attempts: int = 5
@@ -38,6 +40,9 @@ class Tunables:
     repair_interval: float = 5 * _MINUTE
     idle_workspace_ttl: float = _HOUR
     bookkeeping_timeout: float = 30.0
+    # How long OnDelivered may take before another worker fires it again for a claim whose
+    # worker vanished (killed between the claim and the hook): the hook is at-least-once.
+    hook_retry_after: float = 60.0
     # The per-session event log behind SSE: its newest events, dropped after a quiet spell.
     event_log_len: int = 1000
     event_log_ttl: float = 24 * _HOUR
@@ -53,6 +58,10 @@ class Tunables:
             raise ValueError("Tunables.lock_ttl must exceed delivery_timeout")
         if self.lease_ttl > self.lock_ttl:
             raise ValueError("Tunables.lease_ttl must not exceed lock_ttl")
+        if self.hook_retry_after <= self.bookkeeping_timeout:
+            # Clearing a hook's record retries for bookkeeping_timeout: firing it again sooner
+            # would duplicate hooks whose record is merely slow to clear.
+            raise ValueError("Tunables.hook_retry_after must exceed bookkeeping_timeout")
         if self.max_backoff < self.retry_backoff or self.max_verify_backoff < self.verify_backoff:
             raise ValueError("Tunables: a max backoff must not be below its base")
 

@@ -35,6 +35,8 @@ _SCRIPTS = (
     "seed",
     "repair",
     "prune_workspace",
+    "notified",
+    "take_notices",
 )
 
 _CLAIM_MARKER_TTL_MS = 3_600_000  # far longer than any retry of one completion
@@ -158,11 +160,44 @@ class Store:
         return _text(await self._run("stage", k.script_keys(), [lockval, original, staged]))
 
     async def complete(
-        self, k: SessionKeys, entry_id: str, lockval: str, now_ms: int, *, release: bool
+        self,
+        k: SessionKeys,
+        entry: str,
+        entry_id: str,
+        lockval: str,
+        now_ms: int,
+        *,
+        release: bool,
+        notice_grace_ms: int,
     ) -> int:
-        """Copies removed (>= 1: this caller fires OnDelivered); -1: another holds the lock."""
-        args = [k.ses, entry_id, lockval, now_ms, "1" if release else "0", _CLAIM_MARKER_TTL_MS]
-        return int(await self._run("complete", [*k.script_keys(), k.claim(entry_id)], args))
+        """Copies removed (>= 1: this caller fires OnDelivered); -1: another holds the lock.
+        With ``notice_grace_ms`` > 0 the claim records the OnDelivered call it owes (``entry``
+        is what the hook gets), for another worker to make if this one dies first."""
+        w = k.workspace
+        keys = [*k.script_keys(), k.claim(entry_id), w.notices, w.notices_due]
+        args = [
+            k.ses, entry_id, lockval, now_ms, "1" if release else "0", _CLAIM_MARKER_TTL_MS,
+            entry, notice_grace_ms,
+        ]  # fmt: skip
+        return int(await self._run("complete", keys, args))
+
+    async def notified(self, w: WorkspaceKeys, ses: str, entry_id: str) -> bool:
+        """The owed OnDelivered call ran: forget it."""
+        keys = [w.notices, w.notices_due]
+        return int(await self._run("notified", keys, [f"{ses}:{entry_id}"])) == 1
+
+    async def take_notices(
+        self, w: WorkspaceKeys, now_ms: int, grace_ms: int, limit: int
+    ) -> list[tuple[str, str, str]]:
+        """Owed OnDelivered calls overdue (their worker died): (ses, entry_id, entry JSON)
+        each, taken for ``grace_ms`` so no other worker takes them meanwhile."""
+        keys = [w.notices, w.notices_due]
+        flat = await self._run("take_notices", keys, [now_ms, grace_ms, limit])
+        out = []
+        for member, entry in zip(flat[::2], flat[1::2], strict=True):
+            ses, _, entry_id = _text(member).partition(":")
+            out.append((ses, entry_id, _text(entry)))
+        return out
 
     async def restore(
         self, k: SessionKeys, lockval: str, staged: str, new: str, now_ms: int, *, release: bool
@@ -284,9 +319,10 @@ class Store:
 
     async def prune_idle_workspace(self, ws: str, score_ms: int) -> bool:
         """Drop an idle workspace from the registry unless an accept touched it since."""
-        key = WorkspaceKeys(ws).sessions
-        sessions: int = await self.client.scard(key)  # type: ignore[misc]
-        if sessions:
+        w = WorkspaceKeys(ws)
+        sessions: int = await self.client.scard(w.sessions)  # type: ignore[misc]
+        owed: int = await self.client.hlen(w.notices)  # type: ignore[misc]
+        if sessions or owed:
             return False
         return int(await self._run("prune_workspace", [WORKSPACES], [ws, score_ms])) == 1
 

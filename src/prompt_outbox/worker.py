@@ -37,6 +37,7 @@ class RunLoop:
         self.active: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.stopping = False
         self.sweeper: asyncio.Task[None] | None = None
+        self.notifier: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         ob = self.outbox
@@ -56,14 +57,14 @@ class RunLoop:
             ob._wakers.discard(self.wake)
             listener.cancel()
             loop.cancel()
-            sweeper = [self.sweeper] if self.sweeper else []
-            await _join([loop, listener, *sweeper, *self.active.values()])
+            passes = [t for t in (self.sweeper, self.notifier) if t is not None]
+            await _join([loop, listener, *passes, *self.active.values()])
 
     async def _loop(self) -> None:
         t = self.outbox.tunables
         with contextlib.suppress(*_TRANSIENT_STORE_ERRORS):
             await self.outbox.recover()
-        last_sweep = last_repair = time.monotonic()
+        last_sweep = last_repair = last_notices = time.monotonic()
         while not self.stopping:
             self.wake.clear()  # before the read, so a wake-up during it is not lost
             sleep_for = self.tick
@@ -78,6 +79,14 @@ class RunLoop:
                     # Probes are agent I/O: never let them hold up delivery.
                     if self.sweeper is None or self.sweeper.done():
                         self.sweeper = self.outbox._detach(self._ledger_sweep())
+                if (
+                    self.outbox._on_delivered is not None
+                    and now - last_notices >= t.hook_retry_after / 4
+                ):
+                    last_notices = now
+                    # Hooks are the caller's I/O: never let them hold up delivery.
+                    if self.notifier is None or self.notifier.done():
+                        self.notifier = self.outbox._detach(self._owed_hooks())
                 if now - last_repair >= t.repair_interval:
                     last_repair = now
                     await self._repair()
@@ -159,6 +168,12 @@ class RunLoop:
                     await ob.sweep_workspace_parked_errors(ws)
         except Exception:
             log.exception("parked-error sweep failed")
+
+    async def _owed_hooks(self) -> None:
+        try:
+            await self.outbox._fire_owed_hooks()
+        except Exception:
+            log.exception("owed-hook pass failed")
 
     async def _repair(self) -> None:
         """The slow safety net: re-derive every session's index entries, prune idle workspaces."""

@@ -17,14 +17,23 @@ from pathlib import Path
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Entry, Outbox, Verdict, ambiguous
-from tests.chaos.settings import CHAOS_TUNABLES
+from tests.chaos.settings import CRASH_TUNABLES
 
 WS, SES = "crash", "s1"
 
 
-def transcript(agent_dir: Path) -> list[str]:
-    path = agent_dir / "seen"
+def transcript(agent_dir: Path, name: str = "seen") -> list[str]:
+    """What the agent recorded ("seen"), or the OnDelivered calls made ("hooks")."""
+    path = agent_dir / name
     return path.read_text().split() if path.exists() else []
+
+
+def hook_log(agent_dir: Path):  # type: ignore[no-untyped-def]
+    async def on_delivered(ws: str, ses: str, entry: Entry) -> None:
+        with (agent_dir / "hooks").open("a") as f:
+            f.write(entry.id + "\n")
+
+    return on_delivered
 
 
 def file_agent(agent_dir: Path, mode: str):  # type: ignore[no-untyped-def]
@@ -52,8 +61,9 @@ def truthful(agent_dir: Path):  # type: ignore[no-untyped-def]
 
 async def main(action: str, url: str, agent_dir: Path, arg: str) -> None:
     client = valkey_async.Valkey.from_url(url, socket_timeout=5)
-    outbox = Outbox(client, CHAOS_TUNABLES)
+    outbox = Outbox(client, CRASH_TUNABLES)
     outbox.set_verifier(truthful(agent_dir))
+    outbox.set_on_delivered(hook_log(agent_dir))
 
     async def no_row(ws: str, ses: str, entry_id: str, attempt: int) -> str:
         return ""

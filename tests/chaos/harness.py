@@ -15,11 +15,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
+import valkey.asyncio as valkey_async
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from prompt_outbox import Duplicate, Outbox, OutboxFull, Status
 from prompt_outbox.flaky_agent import FlakyAgent
+from prompt_outbox.keys import workspace_keys
 from tests.chaos.history import History
 from tests.chaos.settings import AGENT_STALL, CHAOS_FAULTS
 
@@ -137,12 +139,16 @@ def http_accept(http: httpx.AsyncClient) -> Callable[[str, str, int], Awaitable[
     return accept
 
 
-async def settle(outbox: Outbox, history: History, within: float) -> None:
-    """Wait until no session holds a pending / delivering / verifying entry, then record
-    what every session still lists."""
+async def settle(
+    outbox: Outbox, client: valkey_async.Valkey, history: History, within: float
+) -> None:
+    """Wait until no session holds a pending / delivering / verifying entry and no OnDelivered
+    is owed (a killed worker's, made again after hook_retry_after), then record what every
+    session still lists."""
     deadline = time.monotonic() + within
+    owed_key = workspace_keys(WS).notices
     while True:
-        busy = 0
+        busy = int(await client.hlen(owed_key))  # type: ignore[misc]
         for ses in history.accepted:
             history.final[ses] = await outbox.list(WS, ses)
             busy += sum(e.status in BLOCKING for e in history.final[ses])

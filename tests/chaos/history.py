@@ -34,15 +34,19 @@ class Verdict:
     lost: int
     stuck: int  # still pending / verifying / delivering when the run ended
     agent_duplicates: int
-    hook_duplicates: int
+    hook_duplicates: int  # possible by design only where a worker was killed (see ok)
     hook_missing: int  # delivered and gone, but no OnDelivered was seen
     order_violations: int
+    kills: int  # worker processes SIGKILLed during the run
 
     @property
     def ok(self) -> bool:
+        """Nothing lost, stuck, run twice by the agent or reordered; every delivered entry's
+        OnDelivered made. A second OnDelivered is explained only by a kill that fell between
+        a hook and the clearing of its record, so there can be no more of them than kills."""
         return not (
-            self.lost or self.stuck or self.agent_duplicates or self.hook_duplicates
-            or self.order_violations
+            self.lost or self.stuck or self.agent_duplicates or self.hook_missing
+            or self.order_violations or self.hook_duplicates > self.kills
         )  # fmt: skip
 
 
@@ -78,4 +82,5 @@ def check(h: History) -> Verdict:
         hook_duplicates=sum(1 for i in ids if h.hooks[i] > 1),
         hook_missing=sum(1 for i in gone if h.hooks[i] == 0) if h.hooks_recorded else 0,
         order_violations=order,
+        kills=h.faults.get("kill", 0),
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from prompt_outbox import Tunables
 
@@ -19,7 +19,10 @@ CHAOS_TUNABLES = Tunables(
     max_transient_failures=200,
     lease_ttl=1.0,
     bookkeeping_timeout=10.0,
+    hook_retry_after=12.0,
 )
+# The crash points wait for owed hooks to be made again: a shorter grace keeps them quick.
+CRASH_TUNABLES = replace(CHAOS_TUNABLES, bookkeeping_timeout=1.0, hook_retry_after=1.5)
 CHAOS_TUNABLES_JSON = json.dumps(asdict(CHAOS_TUNABLES))
 WEBHOOK_TIMEOUT = 1.0
 WORKER_SOCKET_TIMEOUT = 5.0  # a worker's Valkey command gives up after this long

@@ -63,8 +63,19 @@ def test_duplicates_and_reordering_are_caught() -> None:
     assert check(h).order_violations == 1 and not check(h).ok
 
 
-def test_a_missing_hook_is_counted_but_explained_not_failed() -> None:
+def test_a_missing_hook_is_caught() -> None:
     h = good()
-    del h.hooks["a"]  # a worker killed between the claim and its hook: by design
+    del h.hooks["a"]  # an owed OnDelivered must be made by another worker, even after a kill
+    h.faults["kill"] = 5
     v = check(h)
-    assert v.hook_missing == 1 and v.ok
+    assert v.hook_missing == 1 and not v.ok
+
+
+def test_a_second_hook_is_explained_only_by_a_kill() -> None:
+    h = good()
+    h.hooks["a"] = 2  # killed after the hook ran, before its record was cleared
+    assert not check(h).ok
+    h.faults["kill"] = 1
+    assert check(h).ok and check(h).hook_duplicates == 1
+    h.hooks["b"] = 2
+    assert not check(h).ok  # two second calls, one kill

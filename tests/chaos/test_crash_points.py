@@ -1,7 +1,9 @@
 """Scenario 3: crash the worker at every named point between Valkey calls (a subprocess that
 ``os._exit``s there), then recover with a fresh worker and check the invariant: every entry
 still exists until it is delivered, and none is delivered more than twice (with the truthful
-verifier used here: exactly once). Prints a table of crash point -> outcome."""
+verifier used here: exactly once); and OnDelivered is made for every delivered entry, once
+(twice only when the crash came after the hook ran, before its record was cleared). Prints a
+table of crash point -> outcome."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ from prompt_outbox import Entry, Outbox, RetryResult, Status, ambiguous
 from prompt_outbox.embedded import EmbeddedValkey
 from prompt_outbox.failpoints import CRASH_EXIT_CODE, POINTS
 from tests.chaos import report
-from tests.chaos.crash_proc import SES, WS, file_agent, transcript, truthful
+from tests.chaos.crash_proc import SES, WS, file_agent, hook_log, transcript, truthful
 from tests.chaos.harness import ROOT
-from tests.chaos.settings import CHAOS_TUNABLES
+from tests.chaos.settings import CRASH_TUNABLES
 from tests.conftest import eventually
 
 # point -> (how the entries are set up, what the crashing process does)
@@ -30,6 +32,7 @@ PLAN = {
     "after-stage": ("pending", "run-ok"),
     "after-deliver": ("pending", "run-ok"),
     "after-complete": ("pending", "run-ok"),
+    "after-hook": ("pending", "run-ok"),
     "after-restore": ("pending", "run-fail"),
     "after-verify": ("pending", "run-ambiguous-once"),
     "after-requeue": ("staged", "run-ok"),
@@ -51,7 +54,7 @@ async def make_error(outbox: Outbox, agent_dir: Path) -> str:
     failing = file_agent(agent_dir, "fail")
     while (await outbox.list(WS, SES))[0].status is not Status.ERROR:
         await outbox.deliver_once(WS, SES, failing)
-        await asyncio.sleep(CHAOS_TUNABLES.max_backoff)
+        await asyncio.sleep(CRASH_TUNABLES.max_backoff)
     return entry.id
 
 
@@ -65,7 +68,7 @@ async def test_a_crash_at_each_point_loses_nothing(
     point: str, valkey_server: EmbeddedValkey, client: valkey_async.Valkey, tmp_path: Path
 ) -> None:
     setup, action = PLAN[point]
-    outbox = Outbox(client, CHAOS_TUNABLES)
+    outbox = Outbox(client, CRASH_TUNABLES)
     ids: list[str] = []
     arg = ""
     if setup in ("pending", "staged"):
@@ -100,19 +103,24 @@ async def test_a_crash_at_each_point_loses_nothing(
             if e.status is Status.ERROR:  # busy until the dead process's lease lapses
                 await eventually(lambda s=ses, i=e.id: _retried(outbox, s, i), within=10)
     outbox.set_verifier(truthful(tmp_path))
+    outbox.set_on_delivered(hook_log(tmp_path))
     worker = asyncio.create_task(outbox.run(file_agent(tmp_path, "ok"), tick=0.05))
     try:
         for ses in sessions:
             await eventually(lambda s=ses: _empty(outbox, s), within=30)  # type: ignore[misc]
+        grace = CRASH_TUNABLES.hook_retry_after
+        await eventually(lambda: _hooked(tmp_path, ids), within=grace + 10)
+        await asyncio.sleep(grace * 1.5)  # long enough for a second call to show
     finally:
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
-    seen = Counter(transcript(tmp_path))
-    times = sorted({seen[i] for i in ids})
-    outcome = "delivered once" if times == [1] else f"delivered {times} times"
-    report.add_crash_point(point, outcome)
+    seen, hooks = Counter(transcript(tmp_path)), Counter(transcript(tmp_path, "hooks"))
+    sent, fired = sorted({seen[i] for i in ids}), sorted({hooks[i] for i in ids})
+    report.add_crash_point(point, f"delivered {_times(sent)}, OnDelivered {_times(fired)}")
     assert all(1 <= seen[i] <= 2 for i in ids), (point, seen)
-    assert times == [1], (point, seen)  # the verifier is truthful: never twice
+    assert sent == [1], (point, seen)  # the verifier is truthful: never twice
+    # Twice only by design: killed after the hook ran, before its record was cleared.
+    assert fired == ([2] if point == "after-hook" else [1]), (point, hooks)
 
 
 async def _cut_unrecorded(ws: str, ses: str, entry: Entry) -> None:
@@ -121,6 +129,14 @@ async def _cut_unrecorded(ws: str, ses: str, entry: Entry) -> None:
 
 async def _retried(outbox: Outbox, ses: str, entry_id: str) -> bool:
     return await outbox.retry(WS, ses, entry_id) is RetryResult.UPDATED
+
+
+def _times(counts: list[int]) -> str:
+    return {(1,): "once", (2,): "twice"}.get(tuple(counts), f"{counts} times")
+
+
+async def _hooked(agent_dir: Path, ids: list[str]) -> bool:
+    return set(ids) <= set(transcript(agent_dir, "hooks"))
 
 
 async def _empty(outbox: Outbox, ses: str) -> bool:

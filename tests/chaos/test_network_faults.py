@@ -124,7 +124,7 @@ async def test_network_faults_lose_nothing_and_leave_nothing_staged(
                     ),
                     inject_faults(proxy, seconds, rng),
                 )  # fmt: skip
-                await settle(Outbox(client, T), history, within=120)
+                await settle(Outbox(client, T), client, history, within=120)
             finally:
                 workers.stop()
                 stop_watch.set()
@@ -142,6 +142,5 @@ async def test_network_faults_lose_nothing_and_leave_nothing_staged(
     )
     assert proxy.faults["reply swallowed"] > 0, proxy.faults  # the hard case did happen
     assert verdict.ok, verdict
-    assert verdict.hook_missing == 0, verdict  # nobody died between a claim and its hook
     assert verdict.accepted == prompts
     assert watch.longest < RECOVERY_BOUND, watch.longest

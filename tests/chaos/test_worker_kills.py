@@ -63,7 +63,7 @@ async def test_worker_kills_lose_nothing_and_run_nothing_twice(
                 accept_paced(library_accept(outbox), history, prompts, sessions, seconds * 0.8),
                 keep_killing(workers, seconds, rng),
             )
-            await settle(outbox, history, within=120)
+            await settle(outbox, client, history, within=120)
         finally:
             workers.stop()
         take_agent_history(agent, history)
@@ -104,7 +104,7 @@ async def test_worker_kills_through_the_http_api_and_the_cli_workers(
                     accept_paced(http_accept(http), history, prompts, sessions, seconds * 0.8),
                     keep_killing(workers, seconds, rng),
                 )
-            await settle(Outbox(client, CHAOS_TUNABLES), history, within=120)
+            await settle(Outbox(client, CHAOS_TUNABLES), client, history, within=120)
         finally:
             workers.stop()
         take_agent_history(agent, history)
