@@ -28,7 +28,7 @@ from .metrics import Metrics
 from .settings import Tunables
 from .store import Snapshot, Store
 from .timeutil import Clock, to_ms, utcnow
-from .validate import check_model, check_text, check_user_id
+from .validate import check_model, check_reason, check_text, check_user_id
 
 log = logging.getLogger("prompt_outbox")
 T = TypeVar("T")
@@ -603,8 +603,7 @@ class Outbox:
     async def park_workspace(self, workspace_id: str, reason: str) -> int:
         """Park every pending / verifying entry of the workspace with ``reason``. Busy sessions
         (a delivery in flight) are skipped and logged; calling again catches them."""
-        if not isinstance(reason, str) or not reason.strip():
-            raise ValueError("park needs a non-empty reason")
+        check_reason(reason)
 
         def edit(e: Entry) -> Entry | None:
             return (

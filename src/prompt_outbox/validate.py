@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 MAX_TEXT_BYTES = 100 * 1024
 MAX_USER_ID = 256
 MAX_MODEL_BYTES = 16 * 1024
 MAX_MODEL_DEPTH = 32  # far below the Lua cjson decoder's nesting limit
+MAX_REASON = 500
+
+VISIBLE_CHARACTER = (
+    "[^\\x00-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff]"
+)
+"""A character that is neither a control character nor whitespace, spelled out: every regex
+engine (Python, the JSON Schema's ECMA-262, pydantic's Rust) reads ``\\s`` differently, and the
+HTTP API declares this same pattern for a park reason."""
+_VISIBLE = re.compile(VISIBLE_CHARACTER)
 
 
 def check_text(text: object) -> str:
@@ -29,6 +39,15 @@ def check_user_id(user_id: object) -> str:
     if not isinstance(user_id, str) or len(user_id) > MAX_USER_ID or not user_id.isprintable():
         raise ValueError(f"userID must be a printable string of at most {MAX_USER_ID} characters")
     return user_id
+
+
+def check_reason(reason: object) -> str:
+    """A park reason: at most MAX_REASON characters, at least one of them visible."""
+    if not isinstance(reason, str) or len(reason) > MAX_REASON or not _VISIBLE.search(reason):
+        raise ValueError(
+            f"a park reason needs a visible character and at most {MAX_REASON} characters"
+        )
+    return reason
 
 
 def _depth(value: Any) -> int:

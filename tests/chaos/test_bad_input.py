@@ -296,3 +296,21 @@ async def dump(client: valkey_async.Valkey) -> dict[bytes, object]:
             out[key] = await client.zrange(key, 0, -1, withscores=True)
     assert k.queue.encode() in out  # the victim's data is there to be protected
     return out
+
+
+@pytest.mark.parametrize(
+    "reason", ["", " ", "\x1c", "\u3000", "\ufeff", "\t\n", "x" * 501], ids=repr
+)
+async def test_a_park_reason_needs_a_visible_character_in_the_api_and_the_library(
+    http: httpx.AsyncClient, outbox: Outbox, reason: str
+) -> None:
+    """Regression (schemathesis, long run): "\\x1c" passed the declared pattern but Python's
+    strip() called it whitespace, so a schema-valid request got a 400. One rule now."""
+    await outbox.accept("acme", "s1", "u", "c1", "hello")
+    r = await http.post("/v1/workspaces/acme/park", json={"reason": reason}, headers=OPS)
+    assert (r.status_code, r.json()["error"]) == (422, "invalid_request"), r.text
+    with pytest.raises(ValueError, match="visible character"):
+        await outbox.park_workspace("acme", reason)
+    assert [e.status for e in await outbox.list("acme", "s1")] == [Status.PENDING]
+    r = await http.post("/v1/workspaces/acme/park", json={"reason": "\x1c flip"}, headers=OPS)
+    assert r.json() == {"parked": 1}

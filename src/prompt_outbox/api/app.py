@@ -26,7 +26,7 @@ from ..events import parse_event_id
 from ..keys import CLIENT_MESSAGE_ID_PATTERN, ID_PATTERN, check_id
 from ..metrics import CONTENT_TYPE
 from ..outbox import Outbox
-from ..validate import MAX_TEXT_BYTES, MAX_USER_ID
+from ..validate import MAX_REASON, MAX_TEXT_BYTES, MAX_USER_ID, VISIBLE_CHARACTER
 from .auth import Principal, TokenTable
 from .sse import event_stream
 
@@ -158,7 +158,9 @@ def _session_busy() -> ApiError:
 
 class ParkIn(BaseModel):
     reason: str = Field(
-        min_length=1, max_length=500, pattern=r"\S", description="why, shown on each entry"
+        max_length=MAX_REASON,
+        pattern=VISIBLE_CHARACTER,
+        description="why, shown on each entry: at least one visible character",
     )
 
 
