@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict
 
-from .history import Verdict
+from .history import History, Verdict, check
 from .settings import CHAOS_FAULTS
 
 ROWS: list[tuple[str, str, Verdict]] = []
@@ -20,6 +20,13 @@ def faults(counts: Counter[str]) -> str:
 
 def add(scenario: str, faults: str, verdict: Verdict) -> None:
     ROWS.append((scenario, faults, verdict))
+
+
+def judge(scenario: str, history: History) -> Verdict:
+    """Check a run's history and add its row (with the faults injected) to the summary."""
+    verdict = check(history)
+    add(scenario, faults(history.faults), verdict)
+    return verdict
 
 
 def render() -> str:

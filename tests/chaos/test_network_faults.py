@@ -33,7 +33,7 @@ from tests.chaos.harness import (
     settle,
     take_agent_history,
 )
-from tests.chaos.history import History, check
+from tests.chaos.history import History
 from tests.chaos.proxy import FaultyProxy
 from tests.chaos.settings import CHAOS_TUNABLES, WEBHOOK_TIMEOUT, WORKER_SOCKET_TIMEOUT
 
@@ -133,12 +133,10 @@ async def test_network_faults_lose_nothing_and_leave_nothing_staged(
             take_agent_history(agent, history)
     read_worker_logs(tmp_path, history)
     history.faults.update(proxy.faults)
-    verdict = check(history)
-    report.add(
+    verdict = report.judge(
         f"network faults ({prompts} prompts, {seconds:.0f} s; longest staged "
         f"{watch.longest:.1f} s, bound {RECOVERY_BOUND:.0f} s)",
-        report.faults(history.faults),
-        verdict,
+        history,
     )
     assert proxy.faults["reply swallowed"] > 0, proxy.faults  # the hard case did happen
     assert verdict.ok, verdict

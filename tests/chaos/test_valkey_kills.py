@@ -32,7 +32,7 @@ from tests.chaos.harness import (
     settle,
     take_agent_history,
 )
-from tests.chaos.history import History, check
+from tests.chaos.history import History
 from tests.chaos.settings import CHAOS_TUNABLES, CHAOS_TUNABLES_JSON
 from tests.test_serve import service, wait_healthy
 
@@ -112,12 +112,10 @@ async def test_valkey_kills_lose_no_acknowledged_accept(
         server.stop()
     read_worker_logs(tmp_path, history)
     history.faults["valkey SIGKILL"] = kills
-    verdict = check(history)
-    report.add(
+    verdict = report.judge(
         f"valkey kills ({prompts} prompts, {seconds:.0f} s; 503s {statuses.get(503, 0)}, "
         f"slowest request {slowest:.1f} s)",
-        report.faults(history.faults),
-        verdict,
+        history,
     )
     assert kills >= 2
     assert statuses.get(503, 0) > 0, statuses  # clients were told, clearly

@@ -32,7 +32,7 @@ from tests.chaos.harness import (
     settle,
     take_agent_history,
 )
-from tests.chaos.history import History, check
+from tests.chaos.history import History
 from tests.chaos.settings import CHAOS_TUNABLES, CHAOS_TUNABLES_JSON
 from tests.test_serve import BIN, wait_healthy
 from tests.test_serve import service as service_process
@@ -69,9 +69,7 @@ async def test_worker_kills_lose_nothing_and_run_nothing_twice(
         take_agent_history(agent, history)
     read_worker_logs(tmp_path, history)
     history.faults["kill"] = workers.kills
-    verdict = check(history)
-    faults = report.faults(history.faults)
-    report.add(f"worker kills ({prompts} prompts, {seconds:.0f} s)", faults, verdict)
+    verdict = report.judge(f"worker kills ({prompts} prompts, {seconds:.0f} s)", history)
     assert workers.kills >= seconds / 3.5
     assert verdict.ok, verdict
     assert verdict.accepted == prompts
@@ -109,11 +107,6 @@ async def test_worker_kills_through_the_http_api_and_the_cli_workers(
             workers.stop()
         take_agent_history(agent, history)
     history.faults["kill"] = workers.kills
-    verdict = check(history)
-    report.add(
-        f"worker kills, HTTP + CLI workers ({prompts} prompts)",
-        report.faults(history.faults),
-        verdict,
-    )
+    verdict = report.judge(f"worker kills, HTTP + CLI workers ({prompts} prompts)", history)
     assert verdict.ok, verdict
     assert verdict.accepted == prompts
