@@ -38,6 +38,7 @@ class Workers:
         self._argv, self._env = argv, env
         self.procs = [self._start() for _ in range(n)]
         self.kills = 0
+        self.killed: set[int] = set()  # the pids SIGKILLed
 
     def _start(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self._argv(), cwd=ROOT, env=self._env, stderr=subprocess.DEVNULL)
@@ -47,6 +48,7 @@ class Workers:
         self.procs[i].send_signal(signal.SIGKILL)
         self.procs[i].wait()
         self.kills += 1
+        self.killed.add(self.procs[i].pid)
         self.procs[i] = self._start()
 
     def stop(self) -> None:
@@ -157,10 +159,14 @@ async def settle(
         await asyncio.sleep(0.25)
 
 
-def read_worker_logs(log_dir: Path, history: History) -> None:
-    """Every OnDelivered and deliverer call the worker processes wrote (worker_proc.py)."""
+def read_worker_logs(log_dir: Path, history: History, killed: set[int] | None = None) -> None:
+    """Every OnDelivered and deliverer call the worker processes wrote (worker_proc.py),
+    noting which calls came from a process that was then SIGKILLed (pids in ``killed``)."""
     for path in log_dir.glob("hooks.*"):
-        history.hooks.update(path.read_text().split())
+        ids = path.read_text().split()
+        history.hooks.update(ids)
+        if int(path.suffix.removeprefix(".")) in (killed or set()):
+            history.hooks_by_killed.update(ids)
     history.sends = sum(len(p.read_text().split()) for p in log_dir.glob("calls.*"))
 
 

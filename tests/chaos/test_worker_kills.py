@@ -67,7 +67,7 @@ async def test_worker_kills_lose_nothing_and_run_nothing_twice(
         finally:
             workers.stop()
         take_agent_history(agent, history)
-    read_worker_logs(tmp_path, history)
+    read_worker_logs(tmp_path, history, workers.killed)
     history.faults["kill"] = workers.kills
     verdict = report.judge(f"worker kills ({prompts} prompts, {seconds:.0f} s)", history)
     assert workers.kills >= seconds / 3.5
