@@ -82,7 +82,9 @@ async def test_valkey_kills_lose_no_acknowledged_accept(
             server.kill()
             kills += 1
             await asyncio.sleep(rng.uniform(0.2, 1.0))  # down for a moment
-            server.start()
+            # In a thread: start() waits out the AOF replay, and blocking this loop meanwhile
+            # would charge that wait to every client request in flight (a harness artefact).
+            await asyncio.to_thread(server.start)
 
     port = free_port()
     env = {**os.environ, "PROMPT_OUTBOX_TUNABLES": CHAOS_TUNABLES_JSON}
