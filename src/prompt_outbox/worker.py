@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from .keys import SessionKeys, workspace_keys
 from .outbox import _TRANSIENT_STORE_ERRORS, Step, _lock_value
@@ -76,17 +76,13 @@ class RunLoop:
                     and now - last_sweep >= t.parked_sweep_interval
                 ):
                     last_sweep = now
-                    # Probes are agent I/O: never let them hold up delivery.
-                    if self.sweeper is None or self.sweeper.done():
-                        self.sweeper = self.outbox._detach(self._ledger_sweep())
+                    self.sweeper = self._start_pass(self.sweeper, self._ledger_sweep)
                 if (
                     self.outbox._on_delivered is not None
                     and now - last_notices >= t.hook_retry_after / 4
                 ):
                     last_notices = now
-                    # Hooks are the caller's I/O: never let them hold up delivery.
-                    if self.notifier is None or self.notifier.done():
-                        self.notifier = self.outbox._detach(self._owed_hooks())
+                    self.notifier = self._start_pass(self.notifier, self._owed_hooks)
                 if now - last_repair >= t.repair_interval:
                     last_repair = now
                     await self._repair()
@@ -168,6 +164,15 @@ class RunLoop:
                     await ob.sweep_workspace_parked_errors(ws)
         except Exception:
             log.exception("parked-error sweep failed")
+
+    def _start_pass(
+        self, running: asyncio.Task[None] | None, body: Callable[[], Coroutine[Any, Any, None]]
+    ) -> asyncio.Task[None]:
+        """Start a periodic pass unless the last one of its kind is still running. Detached:
+        its I/O is the caller's (ledger probes, hooks) and must never hold up delivery."""
+        if running is None or running.done():
+            return self.outbox._detach(body())
+        return running
 
     async def _owed_hooks(self) -> None:
         try:
