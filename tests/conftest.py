@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
+import httpx
 import pytest
 import valkey.asyncio as valkey_async
 
@@ -75,6 +76,15 @@ def outbox(client: valkey_async.Valkey) -> Outbox:
 @pytest.fixture
 def manual_outbox(client: valkey_async.Valkey, clock: ManualClock) -> Outbox:
     return Outbox(client, FAST, clock=clock)
+
+
+@pytest.fixture
+async def http(outbox: Outbox) -> AsyncIterator[httpx.AsyncClient]:
+    """The HTTP API over ``outbox``, served by uvicorn on a real loopback port."""
+    from tests.test_api import serve  # lazily: test_api imports this module
+
+    async for client in serve(outbox):
+        yield client
 
 
 async def holds(value: bool) -> bool:

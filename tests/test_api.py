@@ -49,12 +49,6 @@ async def _started(server: uvicorn.Server) -> bool:
     return server.started
 
 
-@pytest.fixture
-async def http(outbox: Outbox) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in serve(outbox):
-        yield client
-
-
 async def test_accept_list_and_duplicate(http: httpx.AsyncClient, outbox: Outbox) -> None:
     model = '{"providerID":"x","n":12345678901234567890,"opts":[]}'
     body = '{"clientMessageID":"m1","text":"héllo","model":' + model + "}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -13,15 +12,9 @@ import pytest
 
 from prompt_outbox import Outbox
 from tests.agents import ScriptedAgent
-from tests.test_api import ALICE, URL, serve
+from tests.test_api import ALICE, URL
 
 EVENTS = URL.removesuffix("/prompts") + "/events"
-
-
-@pytest.fixture
-async def http(outbox: Outbox) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in serve(outbox):
-        yield client
 
 
 class Sse:

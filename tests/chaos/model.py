@@ -135,13 +135,17 @@ class Model:
     def find(self, entry_id: str) -> MEntry | None:
         return next((e for e in self.entries if e.id == entry_id), None)
 
-    # Operator actions answer BUSY (or skip the session) while a holder's lease is live;
-    # otherwise they first recover a dead worker's staged entry, then act on the queue.
+    def may_act(self, now: datetime) -> bool:
+        """Operator actions answer BUSY (or skip the session) while a holder's lease is live;
+        otherwise they first recover a dead worker's staged entry, then act on the queue."""
+        if self.locked:
+            return False
+        self.recover(now)
+        return True
 
     def retry(self, entry_id: str, now: datetime) -> str:
-        if self.locked:
+        if not self.may_act(now):
             return "BUSY"
-        self.recover(now)
         e = self.find(entry_id)
         if e is None or e.status != "error":
             return "NOT_FOUND"
@@ -150,9 +154,8 @@ class Model:
         return "UPDATED"
 
     def dismiss(self, entry_id: str, now: datetime) -> str:
-        if self.locked:
+        if not self.may_act(now):
             return "BUSY"
-        self.recover(now)
         e = self.find(entry_id)
         if e is None:
             return "NOT_FOUND"
@@ -160,9 +163,8 @@ class Model:
         return "REMOVED"
 
     def park(self, now: datetime) -> int:
-        if self.locked:
+        if not self.may_act(now):
             return 0
-        self.recover(now)
         n = 0
         for e in self.entries:
             if e.status in BLOCKING:
@@ -172,9 +174,8 @@ class Model:
         return n
 
     def unpark(self, now: datetime) -> int:
-        if self.locked:
+        if not self.may_act(now):
             return 0
-        self.recover(now)
         n = 0
         for e in self.entries:
             if e.status == "parked":
@@ -187,9 +188,8 @@ class Model:
         return n
 
     def sweep_unverifiable(self, now: datetime) -> int:
-        if self.locked:
+        if not self.may_act(now):
             return 0
-        self.recover(now)
         n = 0
         for e in self.entries:
             if e.status == "error" and e.stopped == "unverifiable":
@@ -202,9 +202,8 @@ class Model:
         the entry (OnDelivered), no row / failed re-arms it, anything else leaves it. Only
         sessions holding an error entry are visited; entries that spent their attempts on
         proven failures are not asked about."""
-        if self.locked or not any(e.status == "error" for e in self.entries):
+        if not any(e.status == "error" for e in self.entries) or not self.may_act(now):
             return 0
-        self.recover(now)
         n = 0
         for e in list(self.entries):
             if e.status != "error" or e.stopped == "exhausted":

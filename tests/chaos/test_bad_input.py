@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -26,16 +25,10 @@ from prompt_outbox.keys import SessionKeys
 from tests.agents import ScriptedAgent
 from tests.chaos import report
 from tests.conftest import FAST
-from tests.test_api import ALICE, URL, serve
+from tests.test_api import ALICE, URL
 from tests.test_serve import service, wait_healthy
 
 OPS = {"Authorization": "Bearer ops-token"}
-
-
-@pytest.fixture
-async def http(outbox: Outbox) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in serve(outbox):
-        yield client
 
 
 # -- schemathesis against the real `prompt-outbox serve` ------------------------------------
