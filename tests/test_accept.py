@@ -7,7 +7,7 @@ import valkey.asyncio as valkey_async
 from valkey.exceptions import ResponseError
 
 from prompt_outbox import Duplicate, Entry, Outbox, OutboxFull, Status
-from prompt_outbox.keys import SessionKeys
+from prompt_outbox.core.keys import SessionKeys
 from tests.conftest import FAST
 from tests.test_entry import MODELS
 

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from prompt_outbox import Outbox
 from prompt_outbox.cli import main
+from prompt_outbox.core.keys import session_keys
 from prompt_outbox.embedded import EmbeddedValkey, free_port, running_url
-from prompt_outbox.keys import session_keys
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST
 from tests.test_serve import BIN, service, wait_healthy

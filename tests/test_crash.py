@@ -13,11 +13,10 @@ from pathlib import Path
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Entry, Outbox, Status, Verdict
+from prompt_outbox.core.keys import SessionKeys
 from prompt_outbox.embedded import EmbeddedValkey
-from prompt_outbox.keys import SessionKeys
 from tests.agents import HookLog, ScriptedAgent
 from tests.conftest import FAST, eventually, holds
-from tests.test_run import running
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +80,7 @@ async def test_killed_worker_entry_is_recovered_as_verifying_at_the_head(
         delivered = HookLog()
         outbox.set_on_delivered(delivered)
         agent = ScriptedAgent()
-        async with running(outbox, agent, tick=0.05):
+        async with outbox.running(agent, tick=0.05):
             await eventually(lambda: holds(len(delivered.ids) == 3), within=10)
         assert sorted(delivered.ids) == sorted(ids)
         assert [e.id for _, _, e in agent.calls] == ids[1:]
@@ -105,7 +104,7 @@ async def test_a_living_replica_takes_over_when_the_lease_lapses(
     agent = ScriptedAgent()
     with worker_process(valkey_server.url, tmp_path, hang=True) as proc:
         await eventually(lambda: holds(bool(transcript(tmp_path))), within=20)
-        async with running(outbox, agent, tick=0.05):
+        async with outbox.running(agent, tick=0.05):
             await asyncio.sleep(0.3)
             assert not delivered.ids  # the living holder's session is left alone
             proc.send_signal(signal.SIGKILL)

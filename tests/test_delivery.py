@@ -18,11 +18,11 @@ from prompt_outbox import (
     prior_attempt_pending,
     transient,
 )
-from prompt_outbox.keys import session_keys
-from prompt_outbox.store import Store
+from prompt_outbox.core.keys import session_keys
+from prompt_outbox.storage.replies import Acquire, Claim
+from prompt_outbox.storage.store import Store
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied
 from tests.conftest import FAST, ManualClock, eventually, holds
-from tests.test_run import running
 
 WS, SES = "ws", "s1"
 
@@ -75,7 +75,7 @@ async def test_definitive_failure_backs_off_then_errors_at_max_attempts(
 
 
 def test_backoff_caps_at_max_backoff() -> None:
-    from prompt_outbox.machine import backoff
+    from prompt_outbox.core.machine import backoff
 
     assert [backoff(10, 120, n) for n in range(1, 7)] == [10, 20, 40, 80, 120, 120]
     assert backoff(10, 120, 10_000) == 120
@@ -273,18 +273,16 @@ async def test_a_completion_retried_after_a_lost_reply_is_still_the_claim(
     entry = await outbox.accept(WS, SES, "u", "c1", "hello")
     k = session_keys(WS, SES)
 
-    async def complete(lockval: str) -> int:
-        return await store.complete(
-            k, entry.to_json(), entry.id, lockval, 1, release=False, notice_grace_ms=0
-        )
+    async def complete(lockval: str) -> Claim:
+        return await store.complete(k, entry.to_json(), entry.id, lockval, 1, grace_ms=0)
 
-    assert (await store.acquire(k, "mine:1", 10_000, 1)).kind == "head"
-    assert await complete("mine:1") == 1  # its reply lost
-    assert await complete("mine:1") == 1  # the retry
+    assert (await store.acquire(k, "mine:1", 10_000, 1)).kind is Acquire.HEAD
+    assert await complete("mine:1") is Claim.CLAIMED  # its reply lost
+    assert await complete("mine:1") is Claim.CLAIMED  # the retry
     await client.set(k.lock, "theirs:2", px=10_000)  # our lease lapsed; another holds it now
-    assert await complete("mine:1") == 1
-    assert await complete("theirs:2") == 0
-    assert await complete("third:3") == -1
+    assert await complete("mine:1") is Claim.CLAIMED
+    assert await complete("theirs:2") is Claim.GONE
+    assert await complete("third:3") is Claim.BUSY
 
 
 # -- OnDelivered survives the death of the worker that claimed the entry ---------------------
@@ -313,7 +311,7 @@ async def test_a_hook_its_worker_never_made_is_made_by_another_worker(
     replica = Outbox(client, t)
     delivered = HookLog()
     replica.set_on_delivered(delivered)
-    async with running(replica, ScriptedAgent(), tick=0.05):
+    async with replica.running(ScriptedAgent(), tick=0.05):
         await eventually(lambda: holds(len(delivered.events) == 1), within=5)
         await asyncio.sleep(3 * t.hook_retry_after)  # long enough to fire twice, if it would
     assert [(ws, ses, e.id, e.text) for ws, ses, e in delivered.events] == [

@@ -10,8 +10,8 @@ import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Duplicate, Outbox, OutboxFull, Status
-from prompt_outbox.events import EventLogState, QueueEvent, QueueReset, missed_events
-from prompt_outbox.keys import session_keys
+from prompt_outbox.core.events import EventLogState, QueueEvent, QueueReset, missed_events
+from prompt_outbox.core.keys import session_keys
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, ManualClock
 

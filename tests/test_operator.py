@@ -25,7 +25,7 @@ from prompt_outbox import (
     Verdict,
     ambiguous,
 )
-from prompt_outbox.keys import SessionKeys
+from prompt_outbox.core.keys import SessionKeys
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied, dying_agent
 from tests.conftest import FAST, ManualClock, eventually
 
@@ -33,7 +33,7 @@ WS, SES = "ws", "s1"
 
 
 async def make_error(
-    outbox: Outbox, cmid: str, *, ses: str = SES, unverifiable: bool = False
+    outbox: Outbox, clock: ManualClock, cmid: str, *, ses: str = SES, unverifiable: bool = False
 ) -> Entry:
     """Accept an entry and drive it to error (definitive failures, or one ambiguous send)."""
     entry = await outbox.accept(WS, ses, "u", cmid, f"text {cmid}")
@@ -43,7 +43,7 @@ async def make_error(
     else:
         agent = ScriptedAgent([RuntimeError("rejected")] * FAST.max_attempts)
         for _ in range(FAST.max_attempts):
-            outbox._clock.advance(60)  # type: ignore[attr-defined]
+            clock.advance(60)
             assert await outbox.deliver_once(WS, ses, agent)
     return entry
 
@@ -74,8 +74,8 @@ async def raw_queue(client: valkey_async.Valkey, ses: str = SES) -> list[bytes]:
 # -- retry / dismiss -------------------------------------------------------------------------
 
 
-async def test_retry_rearms_an_error_entry(manual_outbox: Outbox) -> None:
-    e = await make_error(manual_outbox, "a")
+async def test_retry_rearms_an_error_entry(manual_outbox: Outbox, clock: ManualClock) -> None:
+    e = await make_error(manual_outbox, clock, "a")
     assert await manual_outbox.retry(WS, SES, e.id) is RetryResult.UPDATED
     [got] = await manual_outbox.list(WS, SES)
     assert (got.status, got.attempts, got.last_error, got.next_attempt_at) == (
@@ -97,8 +97,9 @@ async def test_retry_not_found_for_unknown_ids_and_non_error_entries(manual_outb
 
 async def test_retry_and_dismiss_are_busy_while_a_delivery_holds_the_lock(
     manual_outbox: Outbox,
+    clock: ManualClock,
 ) -> None:
-    err = await make_error(manual_outbox, "a")
+    err = await make_error(manual_outbox, clock, "a")
     await manual_outbox.accept(WS, SES, "u", "b", "in flight")
     async with delivery_in_flight(manual_outbox):
         assert await manual_outbox.retry(WS, SES, err.id) is RetryResult.BUSY
@@ -110,10 +111,10 @@ async def test_retry_and_dismiss_are_busy_while_a_delivery_holds_the_lock(
 
 
 async def test_dismiss_removes_only_that_entry(
-    manual_outbox: Outbox, client: valkey_async.Valkey
+    manual_outbox: Outbox, client: valkey_async.Valkey, clock: ManualClock
 ) -> None:
     a = await manual_outbox.accept(WS, SES, "u", "a", "a")
-    b = await make_error(manual_outbox, "b")
+    b = await make_error(manual_outbox, clock, "b")
     c = await manual_outbox.accept(WS, SES, "u", "c", "c")
     before = await raw_queue(client)
     assert await manual_outbox.dismiss(WS, SES, b.id) is DismissResult.REMOVED
@@ -140,11 +141,11 @@ async def died_mid_send(outbox: Outbox, client: valkey_async.Valkey) -> None:
 
 
 async def test_a_retried_older_entry_stays_ahead_of_a_dead_workers_entry(
-    manual_outbox: Outbox, client: valkey_async.Valkey
+    manual_outbox: Outbox, client: valkey_async.Valkey, clock: ManualClock
 ) -> None:
     """Regression (found by the model-based test): recovery used to put the dead worker's
     entry in front of an older entry retried meanwhile, reordering the conversation."""
-    older = await make_error(manual_outbox, "older")
+    older = await make_error(manual_outbox, clock, "older")
     later = await manual_outbox.accept(WS, SES, "u", "later", "later")
     await died_mid_send(manual_outbox, client)
     assert await manual_outbox.retry(WS, SES, older.id) is RetryResult.UPDATED
@@ -156,13 +157,13 @@ async def test_a_retried_older_entry_stays_ahead_of_a_dead_workers_entry(
     agent = ScriptedAgent()
     manual_outbox.set_verifier(ScriptedVerifier([Verdict.ABSENT]))
     for _ in range(3):
-        manual_outbox._clock.advance(60)  # type: ignore[attr-defined]
+        clock.advance(60)
         await manual_outbox.deliver_once(WS, SES, agent)
     assert [e.id for _, _, e in agent.calls] == [older.id, later.id]  # accept order
 
 
 async def test_park_holds_a_dead_workers_staged_entry_too(
-    manual_outbox: Outbox, client: valkey_async.Valkey
+    manual_outbox: Outbox, client: valkey_async.Valkey, clock: ManualClock
 ) -> None:
     """Regression (found by the model-based test): park skipped staged entries, so after
     recovery the parked workspace still verified (and could re-send) the dead worker's entry.
@@ -174,7 +175,7 @@ async def test_park_holds_a_dead_workers_staged_entry_too(
     assert (e.id, e.status) == (entry.id, Status.PARKED)
     verifier = ScriptedVerifier([Verdict.ABSENT])
     manual_outbox.set_verifier(verifier)
-    manual_outbox._clock.advance(60)  # type: ignore[attr-defined]
+    clock.advance(60)
     assert not await manual_outbox.deliver_once(WS, SES, ScriptedAgent())  # held: inert
     assert await manual_outbox.unpark_workspace(WS) == 1
     [e] = await manual_outbox.list(WS, SES)
@@ -193,7 +194,7 @@ OPERATOR_ACTIONS = {
 
 @pytest.mark.parametrize("action", list(OPERATOR_ACTIONS))
 async def test_every_operator_action_recovers_a_dead_workers_staging_first(
-    manual_outbox: Outbox, client: valkey_async.Valkey, action: str
+    manual_outbox: Outbox, client: valkey_async.Valkey, action: str, clock: ManualClock
 ) -> None:
     """An action never works around staged entries whose holder is gone: it recovers them
     (verifying, back in accept order), then acts on the whole queue."""
@@ -202,7 +203,7 @@ async def test_every_operator_action_recovers_a_dead_workers_staging_first(
         return ""
 
     manual_outbox.set_ledger_probe(no_row)
-    older = await make_error(manual_outbox, "older", unverifiable=True)
+    older = await make_error(manual_outbox, clock, "older", unverifiable=True)
     staged = await manual_outbox.accept(WS, SES, "u", "later", "later")
     await died_mid_send(manual_outbox, client)
     await OPERATOR_ACTIONS[action](manual_outbox, older.id)
@@ -213,8 +214,10 @@ async def test_every_operator_action_recovers_a_dead_workers_staging_first(
     assert listed[1].status is want
 
 
-async def test_concurrent_edits_never_touch_a_neighbour(manual_outbox: Outbox) -> None:
-    errors = [await make_error(manual_outbox, f"e{i}") for i in range(10)]
+async def test_concurrent_edits_never_touch_a_neighbour(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    errors = [await make_error(manual_outbox, clock, f"e{i}") for i in range(10)]
     retry_ids = [e.id for e in errors[:5]]
     dismiss_ids = [e.id for e in errors[5:]]
     results = await asyncio.gather(
@@ -238,7 +241,7 @@ async def test_park_and_unpark_workspace(manual_outbox: Outbox, clock: ManualClo
     p1 = await manual_outbox.accept(WS, "s1", "u", "a", "a")
     v = await manual_outbox.accept(WS, "s2", "u", "b", "b")
     await manual_outbox.deliver_once(WS, "s2", ScriptedAgent([ambiguous("cut")]))  # verifying
-    err = await make_error(manual_outbox, "c", ses="s3")
+    err = await make_error(manual_outbox, clock, "c", ses="s3")
     await manual_outbox.accept("other", "s1", "u", "d", "d")  # another workspace
 
     assert await manual_outbox.park_workspace(WS, "mode_transition") == 2
@@ -278,9 +281,11 @@ async def test_park_skips_a_busy_session(manual_outbox: Outbox) -> None:
     assert await manual_outbox.park_workspace(WS, "flip") == 1  # s1's remaining entry now
 
 
-async def test_sweep_unverifiable_rearms_only_unverifiable_errors(manual_outbox: Outbox) -> None:
-    unverifiable = await make_error(manual_outbox, "a", unverifiable=True)
-    exhausted = await make_error(manual_outbox, "b", ses="s2")
+async def test_sweep_unverifiable_rearms_only_unverifiable_errors(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    unverifiable = await make_error(manual_outbox, clock, "a", unverifiable=True)
+    exhausted = await make_error(manual_outbox, clock, "b", ses="s2")
     assert await manual_outbox.sweep_workspace_unverifiable(WS) == 1
     [e] = await manual_outbox.list(WS, SES)
     assert (e.id, e.status, e.verify_attempts, e.next_attempt_at) == (
@@ -304,7 +309,7 @@ async def test_sweep_unverifiable_rearms_only_unverifiable_errors(manual_outbox:
     ],
 )
 async def test_parked_error_sweep_follows_the_ledger(
-    manual_outbox: Outbox, state: str | Exception, outcome: str
+    manual_outbox: Outbox, state: str | Exception, outcome: str, clock: ManualClock
 ) -> None:
     delivered = HookLog()
     manual_outbox.set_on_delivered(delivered)
@@ -318,8 +323,10 @@ async def test_parked_error_sweep_follows_the_ledger(
 
     assert await manual_outbox.sweep_workspace_parked_errors(WS) == 0  # no probe: no-op
     manual_outbox.set_ledger_probe(probe)
-    e = await make_error(manual_outbox, "a", unverifiable=True)
-    proven = await make_error(manual_outbox, "b", ses="s2")  # attempts exhausted: never asked
+    e = await make_error(manual_outbox, clock, "a", unverifiable=True)
+    proven = await make_error(
+        manual_outbox, clock, "b", ses="s2"
+    )  # attempts exhausted: never asked
     settled = await manual_outbox.sweep_workspace_parked_errors(WS)
     assert asked == [(e.id, 1)]
     listed = await manual_outbox.list(WS, SES)
@@ -332,12 +339,14 @@ async def test_parked_error_sweep_follows_the_ledger(
     assert (await manual_outbox.list(WS, "s2"))[0].id == proven.id
 
 
-async def test_parked_error_sweep_skips_a_busy_session(manual_outbox: Outbox) -> None:
+async def test_parked_error_sweep_skips_a_busy_session(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
     async def probe(ws: str, ses: str, entry_id: str, attempt: int) -> str:
         return LEDGER_STATE_TURN_ENDED
 
     manual_outbox.set_ledger_probe(probe)
-    await make_error(manual_outbox, "a", unverifiable=True)
+    await make_error(manual_outbox, clock, "a", unverifiable=True)
     await manual_outbox.accept(WS, SES, "u", "b", "in flight")
     async with delivery_in_flight(manual_outbox):
         assert await manual_outbox.sweep_workspace_parked_errors(WS) == 0
@@ -348,10 +357,10 @@ async def test_parked_error_sweep_skips_a_busy_session(manual_outbox: Outbox) ->
 
 
 async def test_cleanup_deletes_every_key_of_the_workspace_only(
-    manual_outbox: Outbox, client: valkey_async.Valkey
+    manual_outbox: Outbox, client: valkey_async.Valkey, clock: ManualClock
 ) -> None:
     await manual_outbox.accept(WS, "s1", "u", "a", "a")
-    await make_error(manual_outbox, "b", ses="s2")
+    await make_error(manual_outbox, clock, "b", ses="s2")
     await manual_outbox.accept("wsx", "s1", "u", "a", "other tenant")
     await manual_outbox.accept("ws.x", "s1", "u", "a", "prefix-alike tenant")
     removed = await manual_outbox.cleanup_workspace(WS)

@@ -4,9 +4,7 @@ the join on cancellation, and work found without scanning the keyspace."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -14,7 +12,6 @@ import valkey.asyncio as valkey_async
 
 from prompt_outbox import (
     LEDGER_STATE_TURN_ENDED,
-    Deliverer,
     Entry,
     Outbox,
     Status,
@@ -22,19 +19,6 @@ from prompt_outbox import (
 )
 from tests.agents import HookLog, ScriptedAgent
 from tests.conftest import FAST, eventually, holds
-
-
-@contextlib.asynccontextmanager
-async def running(outbox: Outbox, deliverer: Deliverer, tick: float = 0.2) -> AsyncIterator[None]:
-    task = asyncio.create_task(outbox.run(deliverer, tick=tick))
-    try:
-        yield
-    finally:
-        task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=15)
-        assert done, "run() did not stop within 15 s of being cancelled"
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 class InFlightTracker:
@@ -72,7 +56,7 @@ async def test_two_replicas_keep_one_in_flight_per_session_in_order(
     for ses in sessions:
         for n in range(8):
             accepted.append((await a.accept("ws", ses, "u", f"{ses}-{n}", f"{ses} #{n}")).id)
-    async with running(a, tracker), running(b, tracker):
+    async with a.running(tracker), b.running(tracker):
         await eventually(lambda: holds(len(delivered) == len(accepted)), within=20)
     await other_client.aclose()
     assert sorted(delivered) == sorted(accepted)  # each OnDelivered exactly once
@@ -94,7 +78,7 @@ async def test_a_slow_session_does_not_stall_the_others(outbox: Outbox) -> None:
     for i in range(5):
         await outbox.accept("ws", f"fast{i}", "u", "c", f"fast {i}")
     start = loop.time()
-    async with running(outbox, deliver):
+    async with outbox.running(deliver):
         await eventually(lambda: holds(len(done) == 6), within=10)
     fast = [done[f"fast {i}"] - start for i in range(5)]
     assert max(fast) < done["slow one"] - start  # all fast sessions finished first
@@ -107,7 +91,7 @@ async def test_accept_wakes_an_idle_loop_long_before_the_tick(outbox: Outbox) ->
     async def deliver(ws: str, ses: str, entry: Entry) -> None:
         delivered_at.append(loop.time())
 
-    async with running(outbox, deliver, tick=30.0):
+    async with outbox.running(deliver, tick=30.0):
         await asyncio.sleep(0.3)  # the loop is now asleep for up to 30 s
         accepted_at = loop.time()
         await outbox.accept("ws", "s1", "u", "c1", "wake up")
@@ -128,7 +112,7 @@ async def test_accept_through_another_client_wakes_the_loop(
 
     api_client = valkey_async.Valkey.from_url(valkey_server.url)
     api = Outbox(api_client, FAST)
-    async with running(outbox, deliver, tick=30.0):
+    async with outbox.running(deliver, tick=30.0):
         await asyncio.sleep(0.3)
         accepted_at = loop.time()
         await api.accept("ws", "s1", "u", "c1", "from the API replica")
@@ -152,7 +136,6 @@ async def test_cancel_mid_delivery_joins_and_leaves_no_task(outbox: Outbox) -> N
     assert delivered.ids == [entry.id]
     assert await outbox.list("ws", "s1") == []
     assert asyncio.all_tasks() == before
-    assert not outbox._detached
 
 
 async def test_run_finds_work_without_scanning_the_keyspace(
@@ -162,7 +145,7 @@ async def test_run_finds_work_without_scanning_the_keyspace(
         await client.set(f"unrelated:{i}", "x")
     await client.config_resetstat()
     agent = ScriptedAgent()
-    async with running(outbox, agent, tick=0.05):
+    async with outbox.running(agent, tick=0.05):
         for w in range(3):
             for s in range(3):
                 await outbox.accept(f"ws{w}", f"s{s}", "u", "c", "hi")
@@ -185,7 +168,7 @@ async def test_run_sweeps_parked_errors_with_a_ledger_probe(client: valkey_async
     outbox.set_ledger_probe(probe)
     entry = await outbox.accept("ws", "s1", "u", "c1", "hello")
     # No verifier wired: the ambiguous send parks the entry as an unverifiable error.
-    async with running(outbox, ScriptedAgent([ambiguous("cut")]), tick=0.05):
+    async with outbox.running(ScriptedAgent([ambiguous("cut")]), tick=0.05):
         await eventually(lambda: holds(delivered.ids == [entry.id]), within=10)
     assert probed[0] == (entry.id, 1)
     assert await outbox.list("ws", "s1") == []
@@ -194,7 +177,7 @@ async def test_run_sweeps_parked_errors_with_a_ledger_probe(client: valkey_async
 async def test_errors_left_alone_without_a_probe(outbox: Outbox) -> None:
     await outbox.accept("ws", "s1", "u", "c1", "hello")
     agent = ScriptedAgent([ambiguous("cut")])
-    async with running(outbox, agent, tick=0.05):
+    async with outbox.running(agent, tick=0.05):
         await eventually(lambda: _listed_status(outbox, Status.ERROR))
         await asyncio.sleep(0.5)
     [e] = await outbox.list("ws", "s1")
@@ -213,6 +196,7 @@ async def test_run_stops_when_cancelled_at_any_moment(outbox: Outbox) -> None:
 
     rng = random.Random(7)
     agent = ScriptedAgent()
+    before = asyncio.all_tasks()
     for i in range(40):
         await outbox.accept("ws", f"s{i % 4}", "u", f"c{i}", "x")
         task = asyncio.create_task(outbox.run(agent, tick=0.01))
@@ -221,17 +205,17 @@ async def test_run_stops_when_cancelled_at_any_moment(outbox: Outbox) -> None:
         done, _ = await asyncio.wait({task}, timeout=5)
         assert done, f"run() ignored cancel #{i}"
         assert task.cancelled()
-    assert not outbox._detached
+    assert asyncio.all_tasks() == before  # every delivery it started has finished
 
 
 async def test_repair_pass_restores_a_lost_index_entry(client: valkey_async.Valkey) -> None:
-    from prompt_outbox.keys import WorkspaceKeys
+    from prompt_outbox.core.keys import WorkspaceKeys
 
     outbox = Outbox(client, replace(FAST, repair_interval=0.3))
     await outbox.accept("ws", "s1", "u", "c1", "hello")
     await client.zrem(WorkspaceKeys("ws").ready, "s1")  # the index lost the session
     agent = ScriptedAgent()
-    async with running(outbox, agent, tick=0.05):
+    async with outbox.running(agent, tick=0.05):
         await asyncio.sleep(0.15)
         assert not agent.calls  # nothing points the loop at the session...
         await eventually(lambda: holds(bool(agent.calls)), within=5)  # ...until the repair pass
@@ -241,13 +225,13 @@ async def test_repair_pass_restores_a_lost_index_entry(client: valkey_async.Valk
 async def test_idle_workspaces_leave_the_registry_but_busy_ones_stay(
     client: valkey_async.Valkey,
 ) -> None:
-    from prompt_outbox.keys import WORKSPACES
+    from prompt_outbox.core.keys import WORKSPACES
 
     outbox = Outbox(client, replace(FAST, repair_interval=0.1, idle_workspace_ttl=0.2))
     await outbox.accept("idle", "s1", "u", "c1", "x")
     await outbox.accept("busy", "s1", "u", "c1", "x")
     await outbox.park_workspace("busy", "hold")  # keeps an entry, so it must stay registered
-    async with running(outbox, ScriptedAgent(), tick=0.05):
+    async with outbox.running(ScriptedAgent(), tick=0.05):
         await eventually(lambda: _not_registered(client, "idle"), within=5)
     assert await client.zscore(WORKSPACES, "busy") is not None
     await outbox.accept("idle", "s1", "u", "c2", "back")  # an accept registers it again
@@ -255,7 +239,7 @@ async def test_idle_workspaces_leave_the_registry_but_busy_ones_stay(
 
 
 async def _not_registered(client: valkey_async.Valkey, ws: str) -> bool:
-    from prompt_outbox.keys import WORKSPACES
+    from prompt_outbox.core.keys import WORKSPACES
 
     return await client.zscore(WORKSPACES, ws) is None
 
@@ -267,7 +251,56 @@ async def test_works_with_a_decoding_client(valkey_server, client) -> None:  # t
     outbox.set_on_delivered(delivered)
     entry = await outbox.accept("ws", "s1", "u", "c1", "héllo", model='{"a":[]}')
     assert (await outbox.list("ws", "s1"))[0].model == '{"a":[]}'
-    async with running(outbox, ScriptedAgent(), tick=0.05):
+    async with outbox.running(ScriptedAgent(), tick=0.05):
         await eventually(lambda: holds(delivered.ids == [entry.id]))
     assert await outbox.recover() == 0
     await decoding.aclose()
+
+
+async def test_running_block_exit_joins_the_delivery_in_flight(outbox: Outbox) -> None:
+    delivered = HookLog()
+    outbox.set_on_delivered(delivered)
+    entry = await outbox.accept("ws", "s1", "u", "c1", "long turn")
+    agent = ScriptedAgent(delay=0.5)
+    before = asyncio.all_tasks()
+    async with outbox.running(agent, tick=0.1):
+        await eventually(lambda: holds(bool(agent.calls)))
+    # The block ended mid-send: the send finished under its own context, nothing was left.
+    assert delivered.ids == [entry.id]
+    assert await outbox.list("ws", "s1") == []
+    assert asyncio.all_tasks() == before
+
+
+async def test_running_block_that_raises_still_joins_and_raises(outbox: Outbox) -> None:
+    delivered = HookLog()
+    outbox.set_on_delivered(delivered)
+    entry = await outbox.accept("ws", "s1", "u", "c1", "long turn")
+    agent = ScriptedAgent(delay=0.3)
+    before = asyncio.all_tasks()
+    with pytest.raises(LookupError, match="the caller's own error"):
+        async with outbox.running(agent, tick=0.1):
+            await eventually(lambda: holds(bool(agent.calls)))
+            raise LookupError("the caller's own error")
+    assert delivered.ids == [entry.id]
+    assert asyncio.all_tasks() == before
+
+
+async def test_seeded_go_entries_are_delivered_as_written(outbox: Outbox) -> None:
+    """seed_entry_for_test (the seed's SeedEntryForTest): a queue written by the Go service,
+    with its nanosecond times and raw model, is delivered in order with the model intact."""
+    first = (
+        '{"id":"go-1","clientMessageID":"c1","userID":"u","text":"one","model":[],'
+        '"acceptedAt":"2026-08-15T10:00:00.123456789Z","attempts":0,'
+        '"lastAttemptAt":"0001-01-01T00:00:00Z","status":"pending"}'
+    )
+    second = first.replace("go-1", "go-2").replace('"one"', '"two"').replace("c1", "c2")
+    await outbox.seed_entry_for_test("ws", "s1", first)
+    await outbox.seed_entry_for_test("ws", "s1", second)
+    with pytest.raises(ValueError):
+        await outbox.seed_entry_for_test("ws", "s1", '{"id":"no acceptedAt"}')
+    assert [e.id for e in await outbox.list("ws", "s1")] == ["go-1", "go-2"]
+    agent = ScriptedAgent()
+    async with outbox.running(agent, tick=0.05):
+        await eventually(lambda: holds(len(agent.calls) == 2))
+    assert [(e.id, e.model) for _, _, e in agent.calls] == [("go-1", "[]"), ("go-2", "[]")]
+    assert await outbox.list("ws", "s1") == []

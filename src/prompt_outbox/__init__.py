@@ -4,7 +4,7 @@ Accept a prompt into Valkey and answer at once; a detached worker delivers it la
 clients, workers, agents or Valkey never lose an accepted prompt (see the README).
 """
 
-from .callbacks import (
+from .core.callbacks import (
     Deliverer,
     DismissResult,
     Hook,
@@ -13,8 +13,8 @@ from .callbacks import (
     Verdict,
     Verifier,
 )
-from .entry import Entry, Status
-from .errors import (
+from .core.entry import Entry, Status
+from .core.errors import (
     AmbiguousError,
     Duplicate,
     OutboxFull,
@@ -24,7 +24,7 @@ from .errors import (
     prior_attempt_pending,
     transient,
 )
-from .ledger import (
+from .core.ledger import (
     LEDGER_STATE_ADMITTED,
     LEDGER_STATE_FAILED,
     LEDGER_STATE_LEDGERED,
@@ -33,8 +33,8 @@ from .ledger import (
     LEDGER_STATE_TURN_ENDED,
     LEDGER_STATES,
 )
+from .core.settings import Tunables
 from .outbox import Outbox
-from .settings import Tunables
 
 __all__ = [
     "LEDGER_STATES",

@@ -20,8 +20,8 @@ from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from prompt_outbox import Duplicate, Outbox, OutboxFull, Status
-from prompt_outbox.flaky_agent import FlakyAgent
-from prompt_outbox.keys import workspace_keys
+from prompt_outbox.cli.flaky_agent import FlakyAgent
+from prompt_outbox.core.keys import workspace_keys
 from tests.chaos.history import History
 from tests.chaos.settings import AGENT_STALL, CHAOS_FAULTS
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from prompt_outbox import Tunables
-from prompt_outbox.ledger import LEDGER_DELIVERED, LEDGER_NOT_DELIVERED
+from prompt_outbox.core.ledger import LEDGER_DELIVERED, LEDGER_NOT_DELIVERED
 
 BLOCKING = ("pending", "verifying")
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
 from prompt_outbox import Outbox, Status
+from prompt_outbox.core.keys import SessionKeys
 from prompt_outbox.embedded import free_port
-from prompt_outbox.keys import SessionKeys
 from tests.agents import ScriptedAgent
 from tests.chaos import report
 from tests.conftest import FAST

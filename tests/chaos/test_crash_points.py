@@ -18,8 +18,8 @@ import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Entry, Outbox, RetryResult, Status, ambiguous
+from prompt_outbox.core.failpoints import CRASH_EXIT_CODE, CrashPoint
 from prompt_outbox.embedded import EmbeddedValkey
-from prompt_outbox.failpoints import CRASH_EXIT_CODE, POINTS
 from tests.chaos import report
 from tests.chaos.crash_proc import SES, WS, file_agent, hook_log, transcript, truthful
 from tests.chaos.harness import ROOT
@@ -59,7 +59,7 @@ async def make_error(outbox: Outbox, agent_dir: Path) -> str:
 
 
 def test_every_crash_point_is_planned() -> None:
-    assert set(PLAN) == set(POINTS)
+    assert set(PLAN) == {str(p) for p in CrashPoint}
 
 
 @pytest.mark.timeout(300)

@@ -23,16 +23,16 @@ from hypothesis.stateful import (
 )
 
 from prompt_outbox import Entry, Outbox, Tunables, Verdict, ambiguous, transient
-from prompt_outbox.embedded import EmbeddedValkey
-from prompt_outbox.keys import session_keys
-from prompt_outbox.ledger import LEDGER_STATES, NO_LEDGER_ROW
-from prompt_outbox.machine import (
+from prompt_outbox.core.keys import session_keys
+from prompt_outbox.core.ledger import LEDGER_STATES, NO_LEDGER_ROW
+from prompt_outbox.core.machine import (
     ATTEMPTS_EXHAUSTED,
     PARKED,
     PARKED_WHILE_VERIFYING,
     TRANSIENT_EXHAUSTED,
     UNVERIFIABLE,
 )
+from prompt_outbox.embedded import EmbeddedValkey
 from tests.agents import WorkerDied
 from tests.chaos import report
 from tests.chaos.model import Model

@@ -18,8 +18,8 @@ import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Outbox
+from prompt_outbox.core.keys import session_keys
 from prompt_outbox.embedded import EmbeddedValkey
-from prompt_outbox.keys import session_keys
 from tests.chaos import report
 from tests.chaos.harness import (
     WS,

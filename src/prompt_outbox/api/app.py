@@ -19,14 +19,14 @@ from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from .. import __version__
-from ..callbacks import DismissResult, RetryResult
-from ..entry import raw_object_fields
-from ..errors import Duplicate, OutboxFull
-from ..events import parse_event_id
-from ..keys import CLIENT_MESSAGE_ID_PATTERN, ID_PATTERN, check_id
-from ..metrics import CONTENT_TYPE
+from ..core.callbacks import DismissResult, RetryResult
+from ..core.entry import raw_object_fields
+from ..core.errors import Duplicate, OutboxFull
+from ..core.events import parse_event_id
+from ..core.keys import CLIENT_MESSAGE_ID_PATTERN, ID_PATTERN, check_id
+from ..core.metrics import CONTENT_TYPE
+from ..core.validate import MAX_REASON, MAX_TEXT_BYTES, MAX_USER_ID, VISIBLE_CHARACTER
 from ..outbox import Outbox
-from ..validate import MAX_REASON, MAX_TEXT_BYTES, MAX_USER_ID, VISIBLE_CHARACTER
 from .auth import Principal, TokenTable
 from .sse import event_stream
 

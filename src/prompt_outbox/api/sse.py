@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
-from ..events import QueueEvent, QueueReset
+from ..core.events import QueueEvent, QueueReset
 
 log = logging.getLogger("prompt_outbox.api")
 

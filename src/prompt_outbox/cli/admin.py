@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 import click
 
-from ..entry import Entry, Status
+from ..core.entry import Entry, Status
+from ..core.timeutil import format_time
 from ..outbox import Outbox
-from ..timeutil import format_time
 from .storage import open_outbox, storage_options
 
 T = TypeVar("T")

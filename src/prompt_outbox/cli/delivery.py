@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..callbacks import Deliverer, Verifier
+from ..core.callbacks import Deliverer, Verifier
 from ..deliver import OpencodeDeliverer, WebhookDeliverer, load_targets, template_targets
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -19,12 +19,12 @@ import uvicorn
 import valkey.asyncio as valkey_async
 
 from ..api import TokenTable, create_app
+from ..core.settings import Tunables
 from ..deliver import WebhookDeliverer
-from ..embedded import EmbeddedValkey, free_port
-from ..flaky_agent import FlakyAgent
 from ..outbox import Outbox
-from ..settings import Tunables
+from ..storage.embedded import EmbeddedValkey, free_port
 from .admin import table
+from .flaky_agent import FlakyAgent
 
 # Seconds, not the production minutes: the demo shows every path in a few seconds.
 DEMO_TUNABLES = Tunables(

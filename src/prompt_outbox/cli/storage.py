@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 import click
 import valkey.asyncio as valkey_async
 
-from ..durability import DurabilityError, check_durability
-from ..embedded import DataDirInUse, EmbeddedValkey, running_url
+from ..core.settings import Tunables, tunables_from_json
 from ..outbox import Outbox
-from ..settings import Tunables, tunables_from_json
+from ..storage.durability import DurabilityError, check_durability
+from ..storage.embedded import DataDirInUse, EmbeddedValkey, running_url
 
 log = logging.getLogger("prompt_outbox.cli")
 F = TypeVar("F", bound=Callable[..., Any])

@@ -31,10 +31,10 @@ from typing import Any
 
 import httpx
 
-from ..callbacks import Verdict
-from ..entry import Entry
-from ..errors import ambiguous, transient
-from ..timeutil import to_ms
+from ..core.callbacks import Verdict
+from ..core.entry import Entry
+from ..core.errors import ambiguous, transient
+from ..core.timeutil import to_ms
 
 log = logging.getLogger("prompt_outbox.opencode")
 

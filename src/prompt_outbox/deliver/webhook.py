@@ -17,9 +17,9 @@ import time
 
 import httpx
 
-from ..callbacks import Verdict
-from ..entry import Entry
-from ..errors import ambiguous, transient
+from ..core.callbacks import Verdict
+from ..core.entry import Entry
+from ..core.errors import ambiguous, transient
 
 SIGNATURE_HEADER = "X-Prompt-Outbox-Signature"
 TIMESTAMP_HEADER = "X-Prompt-Outbox-Timestamp"

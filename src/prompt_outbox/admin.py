@@ -1,0 +1,203 @@
+"""Operator actions: retry, dismiss, park, unpark, the sweeps, cleanup and counts.
+
+Every action that writes holds the session: it is refused (BUSY) while a delivery holds the
+lock, because contention is not absence. Each first recovers a dead worker's staged entries,
+so it never acts around them.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Sequence
+
+from .core import machine
+from .core.callbacks import DismissResult, RetryResult
+from .core.entry import Entry, Status, decode_entry
+from .core.failpoints import CrashPoint, reached
+from .core.keys import SessionKeys, WorkspaceKeys, check_id, session_keys, workspace_keys
+from .core.metrics import Metrics
+from .core.validate import check_reason
+from .delivery.engine import Engine
+from .delivery.maintenance import Maintenance
+from .storage.replies import Replace, Snapshot
+from .storage.store import Store
+
+log = logging.getLogger("prompt_outbox.admin")
+
+Pick = Callable[[Snapshot], tuple[str, str] | None]
+"""Given the session, the (old, new) strings of the one entry to change ('' deletes)."""
+Edit = Callable[[Entry], Entry | None]
+"""An entry's new state, or None to leave it."""
+
+
+class _Edit(enum.IntEnum):
+    """One-entry edit outcome; values line up with RetryResult and DismissResult."""
+
+    DONE = 0
+    MISSING = 1
+    BUSY = 2
+
+
+class Admin:
+    """The operator actions of one Outbox."""
+
+    def __init__(
+        self, store: Store, engine: Engine, maintenance: Maintenance, metrics: Metrics
+    ) -> None:
+        self.store = store
+        self.engine = engine
+        self.maintenance = maintenance
+        self.metrics = metrics
+
+    async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
+        """Clear an error entry back to pending. BUSY while the session lock is held;
+        NOT_FOUND when the session has no error entry with that ID."""
+
+        def pick(snap: Snapshot) -> tuple[str, str] | None:
+            raw = _find(snap.queue, entry_id)
+            if raw is None or (e := decode_entry(raw)).status is not Status.ERROR:
+                return None
+            return raw, machine.retried(e).to_json()
+
+        k = session_keys(workspace_id, session_id)
+        result = RetryResult(await self._edit_one(k, entry_id, pick, CrashPoint.RETRY_BEFORE_WRITE))
+        if result is RetryResult.UPDATED:
+            self.metrics.retried.labels(reason="operator").inc()
+        return result
+
+    async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
+        """Remove an entry by ID. BUSY while the session lock is held; NOT_FOUND if absent."""
+
+        def pick(snap: Snapshot) -> tuple[str, str] | None:
+            raw = _find((*snap.staging, *snap.queue), entry_id)
+            return None if raw is None else (raw, "")
+
+        k = session_keys(workspace_id, session_id)
+        return DismissResult(
+            await self._edit_one(k, entry_id, pick, CrashPoint.DISMISS_BEFORE_WRITE)
+        )
+
+    async def park_workspace(self, workspace_id: str, reason: str) -> int:
+        """Park every pending / verifying entry of the workspace with ``reason``. Busy sessions
+        (a delivery in flight) are skipped and logged; calling again catches them."""
+        check_reason(reason)
+
+        def edit(e: Entry) -> Entry | None:
+            if e.status in (Status.PENDING, Status.VERIFYING):
+                return machine.parked(e, reason)
+            return None
+
+        w = workspace_keys(workspace_id)
+        n = await self._edit_workspace(w, "park", edit, CrashPoint.PARK_BETWEEN_SESSIONS)
+        self.metrics.parked.inc(n)
+        return n
+
+    async def unpark_workspace(self, workspace_id: str) -> int:
+        """Re-arm every parked entry of the workspace (pending, or verifying if it was)."""
+
+        def edit(e: Entry) -> Entry | None:
+            return machine.unparked(e) if e.status is Status.PARKED else None
+
+        return await self._edit_workspace(workspace_keys(workspace_id), "unpark", edit)
+
+    async def sweep_workspace_unverifiable(self, workspace_id: str) -> int:
+        """Re-arm unverifiable error entries as verifying, due now, with a fresh verify budget."""
+
+        def edit(e: Entry) -> Entry | None:
+            return machine.rearmed_for_verification(e) if machine.is_unverifiable(e) else None
+
+        return await self._edit_workspace(workspace_keys(workspace_id), "sweep", edit)
+
+    async def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
+        """Settle the workspace's error entries against the ledger probe (see
+        ``Maintenance.sweep_ledger``). Returns how many settled."""
+        return await self.maintenance.sweep_ledger(workspace_keys(workspace_id))
+
+    async def cleanup_workspace(self, workspace_id: str) -> int:
+        """Delete every outbox key of the workspace; returns how many. Idempotent."""
+        return await self.store.cleanup_workspace(workspace_keys(workspace_id))
+
+    async def count_by_workspace(self) -> dict[str, dict[str, int]]:
+        """Entries per status, per registered workspace: one pipelined read per workspace."""
+        out: dict[str, dict[str, int]] = {}
+        async for found in self.store.all_sessions():
+            counts = out.setdefault(found.workspace.ws, {})
+            for raws in await self.store.session_entries(found.sessions):
+                for raw in raws:
+                    status = str(decode_entry(raw).status)
+                    counts[status] = counts.get(status, 0) + 1
+        return out
+
+    async def count_by_status(self) -> dict[str, int]:
+        """Entries per status across every workspace (the metrics gauge)."""
+        total: dict[str, int] = {}
+        for counts in (await self.count_by_workspace()).values():
+            for status, n in counts.items():
+                total[status] = total.get(status, 0) + n
+        return total
+
+    # -- how an action sees and changes a session -------------------------------------------
+
+    async def _settled(self, k: SessionKeys) -> Snapshot:
+        """The session as an operator action must see it: a dead worker's staged entries
+        (staging with no holder) are recovered first, so the action finds them where they
+        belong (in the queue, verifying). Acting around them would miss them (a park that
+        leaves one to be re-sent) or reorder them (a retried older entry behind them)."""
+        snap = await self.store.snapshot(k)
+        if snap.staging and not snap.locked:
+            await self.engine.recover_session(k)
+            snap = await self.store.snapshot(k)
+        return snap
+
+    async def _edit_one(
+        self, k: SessionKeys, entry_id: str, pick: Pick, point: CrashPoint
+    ) -> _Edit:
+        """Swap one entry unless the lock is held. A swap that misses because the entry
+        changed meanwhile is retried on a new read."""
+        check_id("entry ID", entry_id)
+        for _ in range(3):
+            snap = await self._settled(k)
+            if snap.locked:
+                return _Edit.BUSY
+            pair = pick(snap)
+            if pair is None:
+                return _Edit.MISSING
+            reached(point)
+            done = await self.store.replace(k, "", self.engine.now_ms(), [pair])
+            if done.outcome is Replace.BUSY:
+                return _Edit.BUSY
+            if done.count:
+                return _Edit.DONE
+        return _Edit.MISSING
+
+    async def _edit_workspace(
+        self, w: WorkspaceKeys, what: str, edit: Edit, point: CrashPoint | None = None
+    ) -> int:
+        """Apply ``edit`` to every entry of every idle session of the workspace."""
+        total, busy = 0, []
+        for k in await self.store.sessions_of(w):
+            snap = await self._settled(k)
+            if snap.locked:
+                busy.append(k.ses)
+                continue
+            pairs = [
+                (raw, new.to_json())
+                for raw in snap.queue
+                if (new := edit(decode_entry(raw))) is not None
+            ]
+            if not pairs:
+                continue
+            done = await self.store.replace(k, "", self.engine.now_ms(), pairs)
+            if done.outcome is Replace.BUSY:
+                busy.append(k.ses)
+            total += done.count
+            if point is not None:
+                reached(point)
+        if busy:
+            log.warning("%s skipped busy sessions", what, extra={"ws": w.ws, "sessions": busy})
+        return total
+
+
+def _find(raws: Sequence[str], entry_id: str) -> str | None:
+    return next((raw for raw in raws if decode_entry(raw).id == entry_id), None)

@@ -1,0 +1,64 @@
+"""The shapes of what callers plug in: deliverer, verifier, hooks, ledger probe."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from .entry import Entry
+
+
+class Verdict(enum.IntEnum):
+    """A verifier's decision about an ambiguous delivery attempt."""
+
+    INCONCLUSIVE = 0
+    """The transcript could not be read (agent unreachable...): recheck with backoff."""
+    DELIVERED = 1
+    """The entry is in the transcript within the send window: it is complete."""
+    ABSENT = 2
+    """The transcript proves the message never persisted: safe to re-send."""
+
+
+Deliverer = Callable[[str, str, Entry], Awaitable[None]]
+"""``async (ws, ses, entry) -> None``: deliver one entry; raise to fail.
+
+A plain exception is a definitive (proven not delivered) failure; wrap with ``ambiguous``,
+``transient`` or ``prior_attempt_pending`` for the other classes. Runs detached from whoever
+accepted the prompt, bounded by ``Tunables.delivery_timeout``; the attempt number it drives is
+``entry.attempts + 1``; ``entry.id`` is the idempotency key to hand the agent."""
+
+Verifier = Callable[[str, str, Entry], Awaitable[Verdict]]
+"""``async (ws, ses, entry) -> Verdict``; raising counts as INCONCLUSIVE."""
+
+Hook = Callable[[str, str, Entry], Awaitable[None]]
+"""``async (ws, ses, entry) -> None`` (OnStaged, OnDelivered); what it raises is logged."""
+
+LedgerProbe = Callable[[str, str, str, int], Awaitable[str]]
+"""``async (ws, ses, entry_id, attempt) -> state``: "" = no row; raising = indeterminate."""
+
+
+class RetryResult(enum.IntEnum):
+    """Retry's outcome: contention (BUSY) is never reported as absence."""
+
+    UPDATED = 0
+    NOT_FOUND = 1
+    BUSY = 2
+
+
+class DismissResult(enum.IntEnum):
+    """Dismiss's outcome: contention (BUSY) is never reported as absence."""
+
+    REMOVED = 0
+    NOT_FOUND = 1
+    BUSY = 2
+
+
+@dataclass(slots=True)
+class Wiring:
+    """What the caller plugged in (``Outbox.set_*``), shared by the rooms that call it."""
+
+    verifier: Verifier | None = None
+    on_delivered: Hook | None = None
+    on_staged: Hook | None = None
+    ledger_probe: LedgerProbe | None = None

@@ -1,0 +1,78 @@
+"""The session event log's shapes: what ``Outbox.watch`` yields and SSE sends.
+
+Every transition script appends its event to a capped per-session stream in the same script
+(lib.lua ``emit``), so the log and the queue never disagree. An event ID is the stream ID
+(``<ms>-<seq>``): a reader resumes after the last one it saw.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .entry import Entry
+
+_EVENT_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+
+EVENT_KINDS = frozenset(
+    {"accepted", "delivering", "sent", "pending", "verifying", "error", "parked", "dismissed"}
+)
+"""``accepted``, ``sent`` (delivered and gone), ``dismissed``, or the entry's new status."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEvent:
+    """One change of one entry. ``entry`` is its new state; None once it left the queue."""
+
+    event_id: str
+    kind: str
+    entry_id: str
+    entry: Entry | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueReset:
+    """The whole queue as of ``event_id``: sent first, and whenever a resume point is gone
+    from the capped log (so a reader replaces its state instead of missing changes)."""
+
+    event_id: str
+    entries: list[Entry]
+
+
+def parse_event_id(value: str) -> tuple[int, int]:
+    """``"<ms>-<seq>"`` as a comparable pair; raises ValueError for anything else."""
+    m = _EVENT_ID.fullmatch(value)
+    if m is None:
+        raise ValueError(f"an event ID looks like <ms>-<seq>, got {value[:64]!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True, slots=True)
+class EventLogState:
+    """A session event log as read with the queue: first and last IDs ('' if there is no
+    log), length, events ever added (minus length: what the cap trimmed), server time (ms)."""
+
+    first: str
+    last: str
+    length: int
+    added: int
+    now_ms: int
+
+    def position(self) -> str:
+        """Where a reader that has the current queue stands. With no log yet, "0-<now>": every
+        future event is after it, and it remembers when the log was seen missing."""
+        return self.last or f"0-{self.now_ms}"
+
+
+def missed_events(after: str, log: EventLogState, ttl_ms: int) -> bool:
+    """Could a reader that saw everything up to ``after`` have missed events still to come
+    from the log? Conservative: when in doubt the reader gets a reset, never a silent gap."""
+    ms, seq = parse_event_id(after)
+    seen_at = seq if ms == 0 else ms  # "0-<t>": the log was missing at t
+    if seen_at < log.now_ms - ttl_ms:
+        return True  # older than a log lives: it may have expired and started again since
+    if not log.first:
+        return ms != 0  # the log is gone (cleanup) though this reader had one
+    if ms == 0:
+        return log.added > log.length  # it needs every event since the log began
+    return (ms, seq) < parse_event_id(log.first)  # its position was trimmed away

@@ -1,0 +1,86 @@
+"""Prometheus metrics of one process: counters and latency histograms fed by the Outbox, and
+the entries-by-status gauge read from Valkey at scrape time (every replica sees the same)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .entry import Status
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_DELIVERY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    """One registry per Outbox (tests make many). Counters count this process's work."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.accepted = Counter("prompt_outbox_accepted", "Prompts accepted.", registry=r)
+        self.duplicates = Counter(
+            "prompt_outbox_duplicates", "Accepts answered as duplicates.", registry=r
+        )
+        self.refused_full = Counter(
+            "prompt_outbox_refused_full", "Accepts refused: the session was full.", registry=r
+        )
+        self.attempts = Counter(
+            "prompt_outbox_delivery_attempts",
+            "Deliverer calls, by outcome class.",
+            ["outcome"],
+            registry=r,
+        )
+        self.delivered = Counter(
+            "prompt_outbox_delivered",
+            "Entries confirmed delivered (OnDelivered fired), by how.",
+            ["via"],
+            registry=r,
+        )
+        self.retried = Counter(
+            "prompt_outbox_retried",
+            "Entries scheduled for another send, by why.",
+            ["reason"],
+            registry=r,
+        )
+        self.verified = Counter(
+            "prompt_outbox_verified", "Verifier verdicts.", ["verdict"], registry=r
+        )
+        self.parked = Counter("prompt_outbox_parked", "Entries parked.", registry=r)
+        self.failed = Counter("prompt_outbox_failed", "Entries moved to error.", registry=r)
+        self.hooks_refired = Counter(
+            "prompt_outbox_hooks_refired",
+            "OnDelivered calls made for a claim whose worker died before making them.",
+            registry=r,
+        )
+        self.accept_seconds = Histogram(
+            "prompt_outbox_accept_seconds",
+            "Accept latency (the Valkey write included).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.delivery_seconds = Histogram(
+            "prompt_outbox_delivery_seconds",
+            "How long one deliverer call took.",
+            buckets=_DELIVERY_BUCKETS,
+            registry=r,
+        )
+        self.accept_to_delivered_seconds = Histogram(
+            "prompt_outbox_accept_to_delivered_seconds",
+            "From accept to confirmed delivery.",
+            buckets=_DELIVERY_BUCKETS,
+            registry=r,
+        )
+        self.entries = Gauge(
+            "prompt_outbox_entries", "Entries in the outbox now, by status.", ["status"], registry=r
+        )
+
+    def render(self, by_status: Mapping[str, int]) -> bytes:
+        """The text exposition, with the gauge set from a fresh count of the entries."""
+        for status in Status:
+            self.entries.labels(status=str(status)).set(by_status.get(str(status), 0))
+        return generate_latest(self.registry)

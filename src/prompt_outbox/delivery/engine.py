@@ -1,0 +1,317 @@
+"""The delivery engine: one per-session step (acquire, stage, send, verify, claim, restore,
+recover), with the lease kept while the agent or the verifier runs.
+
+The run loop drives ``drain``; ``Outbox.deliver_once`` drives one step of it; maintenance and
+the operator actions use ``recover_session``, ``claim``, ``swap`` and ``lease``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from ..core import machine
+from ..core.callbacks import Deliverer, Hook, Verdict, Wiring
+from ..core.entry import Entry, Status, decode_entry
+from ..core.failpoints import CrashPoint, reached
+from ..core.keys import SessionKeys
+from ..core.metrics import Metrics
+from ..core.settings import Tunables
+from ..core.timeutil import Clock, to_ms
+from ..storage.replies import Acquire, Claim, Replace, Write
+from ..storage.store import TRANSIENT_ERRORS, Store
+from .lease import kept, new_lock_value
+
+log = logging.getLogger("prompt_outbox")
+T = TypeVar("T")
+
+
+class Step(enum.Enum):
+    """What one per-session step did."""
+
+    ACTED = "acted"  # an attempt, a verification pass or a recovery; the lock is still held
+    NONE = "none"  # nothing due; the lock is released
+    BUSY = "busy"  # another holder has the session
+
+
+def _never() -> bool:
+    return False
+
+
+class Engine:
+    """The per-session delivery step of one Outbox; every write after a send is fenced by the
+    lease's token, so a worker that lost its lease cannot write behind the new holder."""
+
+    def __init__(
+        self, store: Store, tunables: Tunables, clock: Clock, metrics: Metrics, wiring: Wiring
+    ) -> None:
+        self.store = store
+        self.tunables = tunables
+        self.clock = clock
+        self.metrics = metrics
+        self.wiring = wiring
+
+    def now_ms(self) -> int:
+        return to_ms(self.clock())
+
+    def lock_value(self) -> str:
+        """A fresh owner token for one hold of a session lock."""
+        return new_lock_value(self.clock())
+
+    @property
+    def lease_ms(self) -> int:
+        return round(self.tunables.lease_ttl * 1000)
+
+    # -- the step --------------------------------------------------------------------------
+
+    async def drain(
+        self,
+        k: SessionKeys,
+        deliverer: Deliverer,
+        *,
+        max_steps: int | None = None,
+        stopping: Callable[[], bool] = _never,
+    ) -> bool:
+        """Step the session until nothing is due (or ``max_steps``, or ``stopping()``),
+        keeping its lock between entries, then release it. True if any step acted."""
+        lockval = self.lock_value()
+        step, steps, acted = Step.NONE, 0, False
+        try:
+            while not stopping() and (max_steps is None or steps < max_steps):
+                step = await self.step(k, deliverer, lockval)
+                steps += 1
+                if step is not Step.ACTED:
+                    break
+                acted = True
+        finally:
+            if step is Step.ACTED:
+                await self.release(k, lockval)
+        return acted
+
+    async def step(self, k: SessionKeys, deliverer: Deliverer, lockval: str) -> Step:
+        """Send the due head, verify it, or recover a dead worker's staging: one of them."""
+        got = await self.store.acquire(k, lockval, self.lease_ms, self.now_ms())
+        if got.kind is Acquire.BUSY:
+            return Step.BUSY
+        if not got.holds_lock:
+            return Step.NONE
+        if got.kind is Acquire.STAGED:
+            await self.requeue_staged(k, lockval, got.entries)
+            reached(CrashPoint.AFTER_REQUEUE)
+            return Step.ACTED
+        reached(CrashPoint.AFTER_ACQUIRE)
+        raw = got.entries[0]
+        entry = decode_entry(raw)
+        if entry.status is Status.PENDING:
+            await self._send(k, lockval, raw, entry, deliverer)
+        else:
+            await self._verify(k, lockval, raw, entry)
+        return Step.ACTED
+
+    async def _send(
+        self, k: SessionKeys, lockval: str, raw: str, entry: Entry, deliverer: Deliverer
+    ) -> None:
+        staged = machine.staged(entry, self.clock())
+        staged_raw = staged.to_json()
+        if await self.store.stage(k, lockval, raw, staged_raw) is not Write.OK:
+            return
+        reached(CrashPoint.AFTER_STAGE)
+        await self._fire(self.wiring.on_staged, "on_staged", k, staged)
+        started = time.perf_counter()
+        async with self.lease(k, lockval):
+            failure = await self._bounded(deliverer(k.ws, k.ses, staged))
+        reached(CrashPoint.AFTER_DELIVER)
+        self.metrics.delivery_seconds.observe(time.perf_counter() - started)
+        outcome = machine.classify(failure)
+        self.metrics.attempts.labels(outcome=outcome.value).inc()
+        if failure is None:
+            await self.claim(k, lockval, staged, "send")
+            return
+        new = machine.after_send_failure(
+            staged, failure, self.clock(), self.tunables, verifier=self.wiring.verifier is not None
+        )
+        self._count_rescheduled(new, outcome.value)
+        log.info(
+            "delivery failed",
+            extra={
+                "ws": k.ws,
+                "ses": k.ses,
+                "entry": entry.id,
+                "status": str(new.status),
+                "error": new.last_error,
+            },
+        )
+        await self._bookkeep(
+            "restore",
+            lambda: self.store.restore(k, lockval, staged_raw, new.to_json(), self.now_ms()),
+        )
+        reached(CrashPoint.AFTER_RESTORE)
+
+    async def _verify(self, k: SessionKeys, lockval: str, raw: str, entry: Entry) -> None:
+        verifier = self.wiring.verifier
+        if verifier is None:
+            self.metrics.failed.inc()
+            await self.swap(k, lockval, raw, machine.no_verifier(entry))
+            return
+        verdict, reason = Verdict.INCONCLUSIVE, "verifier gave no answer"
+        async with self.lease(k, lockval):
+            try:
+                async with asyncio.timeout(self.tunables.delivery_timeout):
+                    verdict = await verifier(k.ws, k.ses, entry)
+            except Exception as exc:
+                reason = f"verifier failed: {machine.describe(exc)}"
+        reached(CrashPoint.AFTER_VERIFY)
+        self.metrics.verified.labels(verdict=verdict.name.lower()).inc()
+        if verdict is Verdict.DELIVERED:
+            await self.claim(k, lockval, entry, "verify")
+            return
+        if verdict is Verdict.ABSENT:
+            new = machine.after_absent(entry, self.clock(), self.tunables)
+        else:
+            new = machine.after_inconclusive(entry, reason, self.clock(), self.tunables)
+        self._count_rescheduled(new, verdict.name.lower())
+        await self.swap(k, lockval, raw, new)
+
+    def _count_rescheduled(self, new: Entry, reason: str) -> None:
+        if new.status is Status.ERROR:
+            self.metrics.failed.inc()
+        elif new.status is Status.PENDING:
+            self.metrics.retried.labels(reason=reason).inc()
+
+    # -- writes after a send (fenced by the lease token, retried through an outage) ---------
+
+    async def claim(self, k: SessionKeys, lockval: str, entry: Entry, via: str) -> bool:
+        """Complete the entry; True (and OnDelivered fired) if this call claimed it. With a
+        hook wired, the claim also records the OnDelivered call it owes (see ``notify``)."""
+        grace_ms = round(self.tunables.hook_retry_after * 1000) if self.wiring.on_delivered else 0
+        raw = entry.to_json()
+        claim = await self._bookkeep(
+            "complete",
+            lambda: self.store.complete(k, raw, entry.id, lockval, self.now_ms(), grace_ms),
+        )
+        if claim is not Claim.CLAIMED:
+            return False
+        reached(CrashPoint.AFTER_COMPLETE)
+        self.metrics.delivered.labels(via=via).inc()
+        waited = (self.clock() - entry.accepted_at).total_seconds()
+        self.metrics.accept_to_delivered_seconds.observe(max(0.0, waited))
+        await self.notify(k, entry)
+        return True
+
+    async def notify(self, k: SessionKeys, entry: Entry) -> None:
+        """Fire OnDelivered for a claimed entry, then clear the record of the call owed. A
+        worker killed in between leaves the record: another fires the hook again after
+        ``hook_retry_after`` (at-least-once; twice only if killed after the hook ran)."""
+        hook = self.wiring.on_delivered
+        if hook is None:
+            return
+        await self._fire(hook, "on_delivered", k, entry)
+        reached(CrashPoint.AFTER_HOOK)
+        await self._bookkeep("notified", lambda: self.store.notified(k.workspace, k.ses, entry.id))
+
+    async def swap(self, k: SessionKeys, lockval: str, old: str, new: Entry) -> int:
+        """Replace the exact string ``old`` by ``new``; 1 if it landed, 0 otherwise."""
+        done = await self._bookkeep(
+            "replace",
+            lambda: self.store.replace(k, lockval, self.now_ms(), [(old, new.to_json())]),
+        )
+        return done.count if done is not None and done.outcome is Replace.OK else 0
+
+    async def release(self, k: SessionKeys, lockval: str) -> None:
+        """Let the session go (best effort: an unreachable Valkey lets the lease lapse)."""
+        with contextlib.suppress(*TRANSIENT_ERRORS):
+            await self.store.release(k, lockval, self.now_ms())
+
+    def lease(self, k: SessionKeys, lockval: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Keep the session's lease renewed while the body runs (up to ``lock_ttl``)."""
+        t = self.tunables
+        return kept(
+            self.store,
+            k,
+            lockval,
+            lease_ms=self.lease_ms,
+            every=t.lease_ttl / 3,
+            ceiling=t.lock_ttl,
+            now_ms=self.now_ms,
+        )
+
+    async def _bounded(self, call: Awaitable[None]) -> BaseException | None:
+        """Await a deliverer under delivery_timeout; what it raised, or None on success."""
+        try:
+            async with asyncio.timeout(self.tunables.delivery_timeout):
+                await call
+        except Exception as exc:
+            return exc
+        return None
+
+    async def _bookkeep(self, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
+        """Retry a post-send write through a short Valkey outage. None if it never landed:
+        the entry then stays staged and is recovered (as verifying) when the lease lapses."""
+        deadline = time.monotonic() + self.tunables.bookkeeping_timeout
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except TRANSIENT_ERRORS as exc:
+                if time.monotonic() + delay > deadline:
+                    log.error("%s never reached Valkey: %s", what, exc)
+                    return None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _fire(self, hook: Hook | None, name: str, k: SessionKeys, entry: Entry) -> None:
+        if hook is None:
+            return
+        try:
+            await hook(k.ws, k.ses, entry)
+        except Exception:
+            log.exception(
+                "%s hook failed", name, extra={"ws": k.ws, "ses": k.ses, "entry": entry.id}
+            )
+
+    # -- recovery --------------------------------------------------------------------------
+
+    async def requeue_staged(self, k: SessionKeys, lockval: str, staged: Sequence[str]) -> int:
+        """Put the staged entries read (under our lock) back at the head as verifying."""
+        now = self.clock()
+        new = [machine.recovered(decode_entry(raw), now, self.tunables).to_json() for raw in staged]
+        done = await self.store.requeue(k, lockval, to_ms(now), staged, new)
+        if done.count:
+            log.warning(
+                "recovered staged entries", extra={"ws": k.ws, "ses": k.ses, "count": done.count}
+            )
+        return done.count
+
+    async def recover_session(self, k: SessionKeys) -> int:
+        """Recover one session's staging if nobody holds it; the number of entries requeued."""
+        lockval = self.lock_value()
+        got = await self.store.acquire(k, lockval, self.lease_ms, self.now_ms())
+        if got.kind is Acquire.BUSY:
+            log.info("recover skipped a busy session", extra={"ws": k.ws, "ses": k.ses})
+            return 0
+        try:
+            if got.kind is Acquire.STAGED:
+                return await self.requeue_staged(k, lockval, got.entries)
+            return 0
+        finally:
+            if got.holds_lock:
+                await self.release(k, lockval)
+
+    @contextlib.asynccontextmanager
+    async def holding(self, k: SessionKeys) -> AsyncIterator[str | None]:
+        """Hold the session's lock (leased) for an operator pass: yields the lock value, or
+        None when another holder has the session."""
+        lockval = self.lock_value()
+        if not await self.store.lock(k, lockval, self.lease_ms, self.now_ms()):
+            yield None
+            return
+        try:
+            async with self.lease(k, lockval):
+                yield lockval
+        finally:
+            await self.release(k, lockval)

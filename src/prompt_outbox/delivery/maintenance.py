@@ -1,0 +1,142 @@
+"""Periodic maintenance, under one owner: recover dead workers' staging, repair the work
+index and prune idle workspaces, make the OnDelivered calls dead workers owed, and settle
+error entries against the ledger probe. The run loop decides when; this module decides how.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..core import machine
+from ..core.callbacks import LedgerProbe, Wiring
+from ..core.entry import decode_entry
+from ..core.failpoints import CrashPoint, reached
+from ..core.keys import SessionKeys, WorkspaceKeys
+from ..core.ledger import LEDGER_DELIVERED, LEDGER_NOT_DELIVERED
+from ..core.metrics import Metrics
+from ..core.settings import Tunables
+from ..storage.store import Store
+from .engine import Engine
+
+log = logging.getLogger("prompt_outbox.maintenance")
+
+OWED_HOOKS_PER_PASS = 100
+"""Owed OnDelivered calls taken per workspace per pass (the rest wait for the next pass)."""
+
+
+class Maintenance:
+    """The slow passes of one Outbox. Each is safe to run at any time, on any replica."""
+
+    def __init__(
+        self, store: Store, engine: Engine, tunables: Tunables, metrics: Metrics, wiring: Wiring
+    ) -> None:
+        self.store = store
+        self.engine = engine
+        self.tunables = tunables
+        self.metrics = metrics
+        self.wiring = wiring
+
+    async def recover(self) -> int:
+        """Requeue staged entries left by a crash as verifying, at their session's head.
+
+        Takes each session's lock before reading its staging, so a living delivery (which
+        holds it) is never second-guessed; an ID already in the queue is never added twice.
+        Returns the number of entries requeued.
+        """
+        total = 0
+        async for found in self.store.all_sessions():
+            if not found.sessions:
+                continue
+            lengths = await self.store.staging_lengths(found.sessions)
+            for k, n in zip(found.sessions, lengths, strict=True):
+                if n:
+                    total += await self.engine.recover_session(k)
+        return total
+
+    async def repair(self) -> None:
+        """The slow safety net: re-derive every session's index entries, and drop workspaces
+        idle for ``idle_workspace_ttl`` from the registry."""
+        now_ms = self.engine.now_ms()
+        idle_ms = self.tunables.idle_workspace_ttl * 1000
+        async for found in self.store.all_sessions():
+            for k in found.sessions:
+                await self.store.repair(k, now_ms)
+            if now_ms - found.touched_ms > idle_ms:
+                await self.store.prune_idle_workspace(found.workspace, found.touched_ms)
+
+    async def fire_owed_hooks(self) -> int:
+        """Make the OnDelivered calls that claims owe and whose workers did not make them in
+        time (killed after the claim). Returns how many were made."""
+        if self.wiring.on_delivered is None:
+            return 0
+        grace_ms = round(self.tunables.hook_retry_after * 1000)
+        fired = 0
+        for ws in await self.store.workspaces():
+            w = WorkspaceKeys(ws)
+            owed = await self.store.take_notices(
+                w, self.engine.now_ms(), grace_ms, OWED_HOOKS_PER_PASS
+            )
+            for ses, entry_id, raw in owed:
+                log.warning(
+                    "firing an OnDelivered its worker never made",
+                    extra={"ws": ws, "ses": ses, "entry": entry_id},
+                )
+                self.metrics.hooks_refired.inc()
+                await self.engine.notify(SessionKeys(ws, ses), decode_entry(raw))
+                fired += 1
+        return fired
+
+    async def sweep_ledger_everywhere(self) -> int:
+        """``sweep_ledger`` for every workspace that holds an error entry."""
+        total = 0
+        async for found in self.store.all_sessions(with_errors=True):
+            if found.sessions:
+                total += await self._sweep_sessions(found.sessions)
+        return total
+
+    async def sweep_ledger(self, w: WorkspaceKeys) -> int:
+        """Settle the workspace's error entries against the ledger probe (no-op without one).
+
+        Delivered (PROMOTED / TURN_ENDED) completes the entry and fires OnDelivered; no row (or
+        FAILED) re-arms it as pending; anything else, or a probe error, leaves it. Entries that
+        failed definitively ``max_attempts`` times are not asked about. Returns how many settled.
+        """
+        return await self._sweep_sessions(await self.store.sessions_of(w, with_errors=True))
+
+    async def _sweep_sessions(self, sessions: list[SessionKeys]) -> int:
+        probe = self.wiring.ledger_probe
+        if probe is None:
+            return 0
+        total = 0
+        for k in sessions:
+            total += await self._sweep_session(k, probe)
+        return total
+
+    async def _sweep_session(self, k: SessionKeys, probe: LedgerProbe) -> int:
+        settled = 0
+        async with self.engine.holding(k) as lockval:
+            if lockval is None:
+                log.info("ledger sweep skipped a busy session", extra={"ws": k.ws, "ses": k.ses})
+                return 0
+            snap = await self.store.snapshot(k)
+            if snap.staging:  # recovered first, as for every operator action
+                await self.engine.requeue_staged(k, lockval, snap.staging)
+                snap = await self.store.snapshot(k)
+            for raw in snap.queue:
+                e = decode_entry(raw)
+                if not machine.is_ledger_sweepable(e):
+                    continue
+                try:
+                    async with asyncio.timeout(self.tunables.delivery_timeout):
+                        state = await probe(k.ws, k.ses, e.id, machine.current_attempt(e))
+                except Exception as exc:
+                    log.info("ledger probe failed: %s", exc, extra={"ws": k.ws, "entry": e.id})
+                    continue
+                reached(CrashPoint.SWEEP_AFTER_PROBE)
+                if state in LEDGER_DELIVERED:
+                    settled += await self.engine.claim(k, lockval, e, "ledger")
+                elif state in LEDGER_NOT_DELIVERED:
+                    self.metrics.retried.labels(reason="ledger").inc()
+                    settled += await self.engine.swap(k, lockval, raw, machine.rearmed_by_ledger(e))
+        return settled

@@ -1,0 +1,41 @@
+--[[
+  Acquire: take the session lock (re-entrant for its holder) and say what is to be done.
+
+  Input:
+    KEYS[1..7] session keys
+    ARGV[1]    session ID
+    ARGV[2]    lock value (the caller's token)
+    ARGV[3]    lease, ms
+    ARGV[4]    now, ms
+
+  Output:
+    {'busy'}               another holder; the ready score moves to its lease expiry
+    {'staged', e1, ...}    staging is not empty (a dead worker's entries, to recover first);
+                           the lock is now held
+    {'head', e}            the first blocking entry is due; the lock is now held
+    {'wait'}               the head is not due yet; the lock is released
+    {'idle'}               nothing blocks; the lock is released
+
+  Events: none.
+]]
+local ses, lockval, lease, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local other, cur = held_by_other(KEYS, lockval)
+if other then
+  refresh(KEYS, ses, now)
+  return {'busy'}
+end
+local staged = redis.call('LRANGE', KEYS[D], 0, -1)
+if #staged > 0 then
+  take_lock(KEYS, ses, lockval, lease, now)
+  table.insert(staged, 1, 'staged')
+  return staged
+end
+local raw, due = find_head(KEYS[Q])
+if raw and due <= now then
+  take_lock(KEYS, ses, lockval, lease, now)
+  return {'head', raw}
+end
+if cur then redis.call('DEL', KEYS[L]) end
+refresh(KEYS, ses, now)
+if raw then return {'wait'} end
+return {'idle'}

@@ -1,0 +1,51 @@
+--[[
+  Complete (the cross-list claim): remove every copy of the entry from queue and staging.
+  Only the completer whose call removed a copy fires OnDelivered, so concurrent completers
+  (sync path, verified path, another replica) fire it once. The claim marker remembers who
+  claimed, so a completer that retries after a lost reply still learns that it was the one.
+  Refused while ANOTHER holder owns the session (that holder decides this entry's fate),
+  unless the marker says this caller's earlier call already claimed it.
+  With a hook wired (grace > 0) the claim also records the OnDelivered call it now owes, in
+  the same step: a worker killed before its hook ran leaves the record, and another worker
+  fires the hook after grace ms (notified.lua clears the record once the hook ran).
+
+  Input:
+    KEYS[1..7] session keys
+    KEYS[8]    claim marker outboxclaim:{ws}:{ses}:<id>
+    KEYS[9]    owed OnDelivered calls (HASH)
+    KEYS[10]   their due times (ZSET)
+    ARGV[1]    session ID
+    ARGV[2]    entry ID
+    ARGV[3]    lock value
+    ARGV[4]    now, ms
+    ARGV[5]    claim marker TTL, ms
+    ARGV[6]    the entry JSON the hook gets
+    ARGV[7]    grace, ms (0: no hook wired, record nothing)
+
+  Output:
+    {'ok'}     this caller claimed it (now, or in an earlier call whose reply was lost)
+    {'busy'}   another holder owns the session; nothing written
+    {'gone'}   no copy was left and the claim is not this caller's
+
+  Events: sent (only when a copy was removed).
+]]
+local ses, id, lockval, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local entry, grace = ARGV[6], tonumber(ARGV[7])
+local mine = redis.call('GET', KEYS[8]) == lockval
+if held_by_other(KEYS, lockval) then
+  -- Our earlier call may have claimed it (its reply lost, our lease lapsed since): still ours.
+  if mine then return {'ok'} end
+  return {'busy'}
+end
+local removed = remove_id(KEYS[Q], id) + remove_id(KEYS[D], id)
+if removed > 0 then
+  redis.call('SET', KEYS[8], lockval, 'PX', ARGV[5])
+  if grace > 0 then
+    redis.call('HSET', KEYS[9], ses .. ':' .. id, entry)
+    redis.call('ZADD', KEYS[10], now + grace, ses .. ':' .. id)
+  end
+  emit(KEYS, 'sent', id, '')
+end
+refresh(KEYS, ses, now)
+if removed > 0 or mine then return {'ok'} end
+return {'gone'}

@@ -1,0 +1,172 @@
+--[[
+  Shared prelude, prepended to every script by storage/scripts.py (after the two constants
+  EVENTS_MAXLEN and EVENTS_TTL_MS it defines). Not a transition itself.
+
+  Session scripts take the same first seven KEYS (core/keys.py SessionKeys.script_keys), named
+  by the constants below: queue, staging, lock, ready, sessions, errors, events.
+
+  Reply convention, for every script: a table whose first element is a status word, then its
+  payload. The words: ok, busy (ANOTHER holder owns the session), lost (this caller's lock is
+  not held), gone (what the caller meant to act on is no longer there), changed (the state the
+  caller read has moved), and the per-script ones its header lists. storage/replies.py turns
+  each reply into a typed value; an unknown word is an error there, never a silent default.
+
+  Scripts never re-encode an entry: Python builds every entry string, scripts only move and
+  compare whole strings (cjson would turn the caller's [] into {} and round big numbers), and
+  decode them only to read id, status, acceptedAt and nextAttemptAt.
+]]
+
+local Q, D, L, READY, SESSIONS, ERRORS, EVENTS = 1, 2, 3, 4, 5, 6, 7
+
+-- RFC 3339 -> epoch milliseconds; '' or missing means "due now" (0). Days-from-civil arithmetic.
+local function parse_ms(s)
+  if type(s) ~= 'string' or s == '' then return 0 end
+  local y, mo, d, h, mi, sec, rest =
+    string.match(s, '^(%d%d%d%d)%-(%d%d)%-(%d%d)[Tt ](%d%d):(%d%d):(%d%d)(.*)$')
+  if not y then return 0 end
+  y, mo, d = tonumber(y), tonumber(mo), tonumber(d)
+  local ms = 0
+  local frac = string.match(rest, '^%.(%d+)')
+  if frac then
+    ms = tonumber(string.sub(frac .. '00', 1, 3))
+    rest = string.sub(rest, #frac + 2)
+  end
+  local off = 0
+  local sign, oh, om = string.match(rest, '^([+-])(%d%d):?(%d%d)$')
+  if sign then
+    off = (tonumber(oh) * 60 + tonumber(om)) * 60000
+    if sign == '-' then off = -off end
+  end
+  if mo <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((mo + 9) % 12) + 2) / 5) + d - 1
+  local days = era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy - 719468
+  return ((days * 24 + tonumber(h)) * 60 + tonumber(mi)) * 60000 + tonumber(sec) * 1000 + ms - off
+end
+
+local function decode(raw)
+  local ok, e = pcall(cjson.decode, raw)
+  if ok and type(e) == 'table' then return e end
+  return nil
+end
+
+-- The lock's value and whether ANOTHER holder has it. A free lock is nobody's: callers that
+-- only need "not someone else's" (complete, restore, replace) may write while it is free.
+local function held_by_other(K, lockval)
+  local cur = redis.call('GET', K[L])
+  return (cur and cur ~= lockval) or false, cur
+end
+
+-- Whether this caller holds the lock (stage, requeue and renew need it held, not just free).
+local function holds(K, lockval)
+  return redis.call('GET', K[L]) == lockval
+end
+
+-- pending / verifying (and a delivering copy found in the queue) hold back the entries behind.
+local function blocking(status)
+  return status == 'pending' or status == 'verifying' or status == 'delivering'
+end
+
+-- The first blocking entry of the queue: raw string and due time (ms), or nil.
+local function find_head(queue)
+  for _, raw in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    local e = decode(raw)
+    if e and blocking(e.status) then return raw, parse_ms(e.nextAttemptAt) end
+  end
+  return nil
+end
+
+-- 0-based index of the entry with this id in a list, or nil.
+local function index_of_id(list, id)
+  for i, raw in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    local e = decode(raw)
+    if e and e.id == id then return i - 1 end
+  end
+  return nil
+end
+
+-- Remove every copy of the entry with this id from a list; returns how many went.
+local function remove_id(list, id)
+  local n = 0
+  for _, raw in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    local e = decode(raw)
+    if e and e.id == id then n = n + redis.call('LREM', list, 1, raw) end
+  end
+  return n
+end
+
+-- Put an entry back where it stood: before the first entry that blocks (the delivery head)
+-- or that was accepted after it. Older error / parked entries stay in front: List is FIFO.
+local function insert_in_place(queue, raw)
+  local mine = decode(raw)
+  local at = mine and parse_ms(mine.acceptedAt) or 0
+  for _, other in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    local e = decode(other)
+    if e and (blocking(e.status) or parse_ms(e.acceptedAt) > at) then
+      return redis.call('LINSERT', queue, 'BEFORE', other, raw)
+    end
+  end
+  return redis.call('RPUSH', queue, raw)
+end
+
+-- Append to the session's event log in the same script as the change it reports, so a
+-- reader never sees a change without its event, or an event without its change. kind is
+-- 'accepted', 'sent', 'dismissed' or the entry's new status; raw is its new JSON ('' if gone).
+local function emit(K, kind, id, raw)
+  redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*', 'kind', kind, 'id', id, 'entry', raw)
+  redis.call('PEXPIRE', K[EVENTS], EVENTS_TTL_MS)
+end
+
+-- emit() for an entry whose new state is raw: the kind is its status.
+local function emit_state(K, raw)
+  local e = decode(raw)
+  if e then emit(K, e.status, e.id, raw) end
+end
+
+local function take_lock(K, ses, lockval, lease, now)
+  redis.call('SET', K[L], lockval, 'PX', lease)
+  -- If this holder dies, the session is due again when its lease lapses.
+  redis.call('ZADD', K[READY], now + lease, ses)
+end
+
+-- Recompute the workspace indexes for one session from its lists: the only place they are
+-- derived, called at the end of every script that changes a session.
+local function refresh(K, ses, now)
+  local items = redis.call('LRANGE', K[Q], 0, -1)
+  local staged = redis.call('LLEN', K[D])
+  local due, has_error = nil, false
+  for _, raw in ipairs(items) do
+    local e = decode(raw)
+    if e then
+      if e.status == 'error' then
+        has_error = true
+      elseif due == nil and blocking(e.status) then
+        due = parse_ms(e.nextAttemptAt)
+      end
+    end
+  end
+  if #items + staged == 0 then
+    redis.call('SREM', K[SESSIONS], ses)
+  else
+    redis.call('SADD', K[SESSIONS], ses)
+  end
+  if has_error then
+    redis.call('SADD', K[ERRORS], ses)
+  else
+    redis.call('SREM', K[ERRORS], ses)
+  end
+  local pttl = redis.call('PTTL', K[L])
+  if pttl ~= -2 then
+    -- Whoever holds the lock owns the session until it lapses.
+    if pttl < 0 then pttl = 1000 end
+    redis.call('ZADD', K[READY], now + pttl, ses)
+  elseif staged > 0 then
+    -- Staging without a holder: a worker died mid-delivery; recover it now.
+    redis.call('ZADD', K[READY], now, ses)
+  elseif due ~= nil then
+    redis.call('ZADD', K[READY], due, ses)
+  else
+    redis.call('ZREM', K[READY], ses)
+  end
+end

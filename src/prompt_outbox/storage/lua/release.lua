@@ -1,0 +1,21 @@
+--[[
+  Release: compare-and-delete the lock (only its holder may), then re-derive the indexes.
+
+  Input:
+    KEYS[1..7] session keys
+    ARGV[1]    session ID
+    ARGV[2]    lock value
+    ARGV[3]    now, ms
+
+  Output:
+    {'ok'}     released
+    {'lost'}   the caller did not hold it (the lease lapsed); the indexes are still refreshed
+
+  Events: none.
+]]
+local ses, lockval, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local held = holds(KEYS, lockval)
+if held then redis.call('DEL', KEYS[L]) end
+refresh(KEYS, ses, now)
+if held then return {'ok'} end
+return {'lost'}

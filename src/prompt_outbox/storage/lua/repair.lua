@@ -1,0 +1,15 @@
+--[[
+  Repair: re-derive one session's workspace indexes from its lists (the slow safety net).
+
+  Input:
+    KEYS[1..7] session keys
+    ARGV[1]    session ID
+    ARGV[2]    now, ms
+
+  Output:
+    {'ok'}
+
+  Events: none.
+]]
+refresh(KEYS, ARGV[1], tonumber(ARGV[2]))
+return {'ok'}

@@ -1,0 +1,45 @@
+--[[
+  Replace: compare-and-swap whole entry strings (operator actions, verification outcomes).
+  Each pair (old, new) swaps the exact string old for new in place, or removes it when new is
+  ''. Entries are found by value, never by a remembered index, so a concurrent change can only
+  make a pair miss (not counted), never hit a neighbour. Refused while another holder owns the
+  session: contention is reported as busy, never as absence.
+
+  Input:
+    KEYS[1..7] session keys
+    ARGV[1]    session ID
+    ARGV[2]    lock value ('' for an operator that holds no lock)
+    ARGV[3]    now, ms
+    ARGV[4..]  old_1, new_1, old_2, new_2, ... (new '' removes old)
+
+  Output:
+    {'ok', n}  n pairs applied (a pair whose old string is gone is skipped)
+    {'busy'}   another holder owns the session; nothing written
+
+  Events: the new status per swapped entry; dismissed per removed one.
+]]
+local ses, lockval, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if held_by_other(KEYS, lockval) then return {'busy'} end
+local done = 0
+for i = 4, #ARGV, 2 do
+  local old, new = ARGV[i], ARGV[i + 1]
+  local list = KEYS[Q]
+  local idx = redis.call('LPOS', list, old)
+  if not idx then
+    list = KEYS[D]
+    idx = redis.call('LPOS', list, old)
+  end
+  if idx then
+    if new == '' then
+      redis.call('LREM', list, 1, old)
+      local e = decode(old)
+      if e then emit(KEYS, 'dismissed', e.id, '') end
+    else
+      redis.call('LSET', list, idx, new)
+      emit_state(KEYS, new)
+    end
+    done = done + 1
+  end
+end
+refresh(KEYS, ses, now)
+return {'ok', done}

@@ -1,0 +1,158 @@
+"""The typed values the Lua scripts' replies become. Callers never compare raw strings.
+
+Every script answers ``{word, payload...}`` (see the header of ``lua/lib.lua``); ``parse``
+checks the word against the ones that script may give and raises ``ReplyError`` for any
+other, so a script and its caller cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..core.events import EventLogState
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+class ReplyError(RuntimeError):
+    """A script answered something its header does not list (a bug, never an outcome)."""
+
+
+def text(value: Any) -> str:
+    """A reply element as ``str``, whether or not the client decodes responses."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def parse(kind: type[E], reply: Any) -> tuple[E, list[Any]]:
+    """Split ``{word, payload...}`` into the word as a member of ``kind`` and the payload."""
+    if not isinstance(reply, list) or not reply:
+        raise ReplyError(f"expected {{word, ...}} for {kind.__name__}, got {reply!r:.200}")
+    word = text(reply[0])
+    try:
+        return kind(word), reply[1:]
+    except ValueError:
+        raise ReplyError(f"{kind.__name__} has no reply {word!r}") from None
+
+
+class Accept(enum.Enum):
+    """accept.lua."""
+
+    OK = "ok"
+    DUPLICATE = "duplicate"
+    FULL = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE."""
+
+    outcome: Accept
+    accepted_id: str = ""
+
+
+class Acquire(enum.Enum):
+    """acquire.lua: what the session needs now."""
+
+    BUSY = "busy"  # another holder has it
+    STAGED = "staged"  # a dead worker's staging, to recover first (lock held)
+    HEAD = "head"  # the head is due (lock held)
+    WAIT = "wait"  # the head is not due yet (lock released)
+    IDLE = "idle"  # nothing blocks (lock released)
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """acquire.lua's answer: the staged entries (STAGED) or the due head (HEAD), raw."""
+
+    kind: Acquire
+    entries: list[str]
+
+    @property
+    def holds_lock(self) -> bool:
+        return self.kind in (Acquire.STAGED, Acquire.HEAD)
+
+
+class Write(enum.Enum):
+    """stage.lua and restore.lua: whether a write that needs the session landed."""
+
+    OK = "ok"
+    BUSY = "busy"  # another holder owns the session
+    LOST = "lost"  # the caller's lock is gone
+    GONE = "gone"  # the entry is no longer where the caller read it
+
+
+class Claim(enum.Enum):
+    """complete.lua: whether this caller claimed the entry (and so fires OnDelivered)."""
+
+    CLAIMED = "ok"
+    BUSY = "busy"  # another holder owns the session
+    GONE = "gone"  # claimed by someone else, or dismissed
+
+
+class Requeue(enum.Enum):
+    """requeue.lua."""
+
+    OK = "ok"
+    LOST = "lost"  # the caller's lock is gone
+    CHANGED = "changed"  # staging moved since it was read
+
+
+class Replace(enum.Enum):
+    """replace.lua."""
+
+    OK = "ok"
+    BUSY = "busy"  # another holder owns the session
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    """requeue.lua's answer: how many staged entries went back to the queue."""
+
+    outcome: Requeue
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Replaced:
+    """replace.lua's answer: how many (old, new) pairs were applied."""
+
+    outcome: Replace
+    count: int = 0
+
+
+class Done(enum.Enum):
+    """The yes / no scripts (renew, release, lock, notified, prune_workspace): OK or why not."""
+
+    OK = "ok"
+    BUSY = "busy"
+    LOST = "lost"
+    GONE = "gone"
+    CHANGED = "changed"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """snapshot.lua: one consistent read of a session and its event log."""
+
+    queue: list[str]
+    staging: list[str]
+    lock_value: str
+    lock_pttl_ms: int
+    log: EventLogState
+
+    @property
+    def locked(self) -> bool:
+        return bool(self.lock_value)
+
+
+def snapshot(payload: list[Any]) -> Snapshot:
+    q, d, lockval, pttl, (first, last, length, added, now) = payload
+    return Snapshot(
+        [text(x) for x in q],
+        [text(x) for x in d],
+        text(lockval),
+        int(pttl),
+        EventLogState(text(first), text(last), int(length), int(added), int(now)),
+    )

@@ -1,0 +1,335 @@
+"""The only module that talks to Valkey: one method per Lua transition, plus index reads.
+
+Every session transition is one EVALSHA (valkey-py's Script objects reload on NOSCRIPT, which
+a restarted server answers since its script cache is not persisted). Each reply becomes a
+typed value from ``replies``; nothing above this module sees a raw reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from valkey.asyncio import Valkey
+from valkey.commands.core import AsyncScript
+from valkey.exceptions import ConnectionError as ValkeyConnectionError
+from valkey.exceptions import NoScriptError
+from valkey.exceptions import TimeoutError as ValkeyTimeoutError
+
+from ..core.keys import WAKE_CHANNEL, WORKSPACES, SessionKeys, WorkspaceKeys
+from . import replies
+from .replies import (
+    Accept,
+    Accepted,
+    Acquire,
+    Acquired,
+    Claim,
+    Done,
+    Replace,
+    Replaced,
+    Requeue,
+    Requeued,
+    Snapshot,
+    Write,
+    parse,
+    text,
+)
+from .scripts import sources
+
+_CLAIM_MARKER_TTL_MS = 3_600_000  # far longer than any retry of one completion
+
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    ValkeyConnectionError,
+    ValkeyTimeoutError,
+    OSError,
+)
+"""Valkey unreachable for a moment: worth retrying for (BusyLoadingError, a restarted server
+replaying its AOF, is a ConnectionError subclass)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceSessions:
+    """One registered workspace, when an accept last touched it, and the sessions asked for."""
+
+    workspace: WorkspaceKeys
+    touched_ms: int
+    sessions: list[SessionKeys]
+
+
+class Store:
+    """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's.
+
+    ``event_log_len`` / ``event_log_ttl_ms`` bound each session's event log (its newest events;
+    gone once the session is quiet that long)."""
+
+    def __init__(
+        self, client: Valkey, *, event_log_len: int = 1000, event_log_ttl_ms: int = 86_400_000
+    ) -> None:
+        self.client = client
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(src)
+            for name, src in sources(event_log_len, event_log_ttl_ms).items()
+        }
+
+    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._scripts[name](keys=list(keys), args=list(args))
+
+    async def _done(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> bool:
+        word, _ = parse(Done, await self._run(name, keys, args))
+        return word is Done.OK
+
+    async def _registered_eval(
+        self, ws: str, now_ms: int, name: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> Any:
+        """ZADD the workspace registry, EVALSHA, PUBLISH a wake-up: one pipelined round trip.
+
+        The registry write goes FIRST so a concurrent prune cannot drop a workspace that is
+        about to hold work (prune_workspace.lua compares the score it read). On NOSCRIPT (a
+        restarted server) the script did not run, so loading it and sending again is safe.
+        """
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zadd(WORKSPACES, {ws: now_ms})
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.publish(WAKE_CHANNEL, ws)
+            answers = await pipe.execute(raise_on_error=False)
+            if isinstance(answers[1], NoScriptError) and attempt == 1:
+                await self.client.script_load(script.script)
+                continue
+            for answer in answers:
+                if isinstance(answer, Exception):
+                    raise answer
+            return answers[1]
+        raise AssertionError("unreachable")
+
+    # -- transitions -----------------------------------------------------------------------
+
+    async def accept(
+        self,
+        k: SessionKeys,
+        cmid: str,
+        entry: str,
+        entry_id: str,
+        cap: int,
+        ttl_ms: int,
+        now_ms: int,
+    ) -> Accepted:
+        """Dedupe, cap, push, then the marker (accept.lua), registered and announced."""
+        keys = [*k.script_keys(), k.dedupe(cmid)]
+        args = [k.ses, entry, entry_id, cap, ttl_ms, now_ms]
+        outcome, rest = parse(
+            Accept, await self._registered_eval(k.ws, now_ms, "accept", keys, args)
+        )
+        return Accepted(outcome, text(rest[0]) if outcome is Accept.DUPLICATE else "")
+
+    async def acquire(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> Acquired:
+        """Take the lock if the session needs a worker, and say for what (acquire.lua)."""
+        args = [k.ses, lockval, lease_ms, now_ms]
+        kind, rest = parse(Acquire, await self._run("acquire", k.script_keys(), args))
+        return Acquired(kind, [text(x) for x in rest])
+
+    async def stage(self, k: SessionKeys, lockval: str, original: str, staged: str) -> Write:
+        """Copy the head into staging, then take it off the queue (stage.lua)."""
+        args = [lockval, original, staged]
+        return parse(Write, await self._run("stage", k.script_keys(), args))[0]
+
+    async def complete(
+        self, k: SessionKeys, entry: str, entry_id: str, lockval: str, now_ms: int, grace_ms: int
+    ) -> Claim:
+        """The cross-list claim (complete.lua). CLAIMED: this caller fires OnDelivered. With
+        ``grace_ms`` > 0 the claim records the OnDelivered call it owes (``entry`` is what
+        the hook gets), for another worker to make if this one dies first."""
+        w = k.workspace
+        keys = [*k.script_keys(), k.claim(entry_id), w.notices, w.notices_due]
+        args = [k.ses, entry_id, lockval, now_ms, _CLAIM_MARKER_TTL_MS, entry, grace_ms]
+        return parse(Claim, await self._run("complete", keys, args))[0]
+
+    async def restore(
+        self, k: SessionKeys, lockval: str, staged: str, new: str, now_ms: int
+    ) -> Write:
+        """Put a staged entry back at its place with its new state (restore.lua)."""
+        args = [k.ses, lockval, staged, new, now_ms]
+        return parse(Write, await self._run("restore", k.script_keys(), args))[0]
+
+    async def requeue(
+        self, k: SessionKeys, lockval: str, now_ms: int, staged: Sequence[str], new: Sequence[str]
+    ) -> Requeued:
+        """Recover the exact staging read, as ``new`` (requeue.lua)."""
+        args = [k.ses, lockval, now_ms, len(staged), *staged, *new]
+        outcome, rest = parse(Requeue, await self._run("requeue", k.script_keys(), args))
+        return Requeued(outcome, int(rest[0]) if rest else 0)
+
+    async def replace(
+        self, k: SessionKeys, lockval: str, now_ms: int, pairs: Sequence[tuple[str, str]]
+    ) -> Replaced:
+        """Compare-and-swap whole entry strings; a new '' removes (replace.lua)."""
+        args = [k.ses, lockval, now_ms, *(s for pair in pairs for s in pair)]
+        outcome, rest = parse(Replace, await self._run("replace", k.script_keys(), args))
+        return Replaced(outcome, int(rest[0]) if rest else 0)
+
+    async def renew(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
+        """Extend the caller's lease; False once it is lost (renew.lua)."""
+        return await self._done("renew", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
+
+    async def release(self, k: SessionKeys, lockval: str, now_ms: int) -> bool:
+        """Compare-and-delete the lock; False if it was not the caller's (release.lua)."""
+        return await self._done("release", k.script_keys(), [k.ses, lockval, now_ms])
+
+    async def lock(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
+        """Take the lock unless another holder has it (lock.lua)."""
+        return await self._done("lock", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
+
+    async def notified(self, w: WorkspaceKeys, ses: str, entry_id: str) -> bool:
+        """The owed OnDelivered call ran: forget it (notified.lua)."""
+        return await self._done("notified", [w.notices, w.notices_due], [f"{ses}:{entry_id}"])
+
+    async def take_notices(
+        self, w: WorkspaceKeys, now_ms: int, grace_ms: int, limit: int
+    ) -> list[tuple[str, str, str]]:
+        """Owed OnDelivered calls overdue (their worker died): (ses, entry_id, entry JSON)
+        each, taken for ``grace_ms`` so no other worker takes them meanwhile."""
+        keys = [w.notices, w.notices_due]
+        _, flat = parse(Done, await self._run("take_notices", keys, [now_ms, grace_ms, limit]))
+        out = []
+        for member, entry in zip(flat[::2], flat[1::2], strict=True):
+            ses, _, entry_id = text(member).partition(":")
+            out.append((ses, entry_id, text(entry)))
+        return out
+
+    async def seed(self, k: SessionKeys, raw: str, now_ms: int) -> None:
+        """Append a raw entry, registered and announced like an accept (seed.lua)."""
+        reply = await self._registered_eval(
+            k.ws, now_ms, "seed", k.script_keys(), [k.ses, raw, now_ms]
+        )
+        parse(Done, reply)
+
+    async def repair(self, k: SessionKeys, now_ms: int) -> None:
+        """Re-derive one session's index entries from its lists (the slow safety net)."""
+        parse(Done, await self._run("repair", k.script_keys(), [k.ses, now_ms]))
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def snapshot(self, k: SessionKeys) -> Snapshot:
+        """The session and its event log's state, in one consistent read (snapshot.lua)."""
+        _, payload = parse(Done, await self._run("snapshot", k.script_keys(), []))
+        return replies.snapshot(payload)
+
+    async def read_events(
+        self, k: SessionKeys, after: str, block_ms: int, count: int
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Events logged after ``after``, waiting up to ``block_ms`` for the first one."""
+        reply = await self.client.xread({k.events: after}, count=count, block=block_ms)
+        out: list[tuple[str, dict[str, str]]] = []
+        for _stream, rows in reply or []:
+            for event_id, fields in rows:
+                out.append((text(event_id), {text(a): text(b) for a, b in fields.items()}))
+        return out
+
+    async def workspaces(self) -> dict[str, int]:
+        """Registered workspaces -> last accept (ms)."""
+        rows = await self.client.zrange(WORKSPACES, 0, -1, withscores=True)
+        return {text(ws): int(score) for ws, score in rows}
+
+    async def sessions_of(
+        self, w: WorkspaceKeys, *, with_errors: bool = False
+    ) -> list[SessionKeys]:
+        """The workspace's sessions holding any entry (or, ``with_errors``, an error entry)."""
+        key = w.errors if with_errors else w.sessions
+        members: set[Any] = await self.client.smembers(key)  # type: ignore[misc]
+        return [SessionKeys(w.ws, s) for s in sorted(text(x) for x in members)]
+
+    async def all_sessions(self, *, with_errors: bool = False) -> AsyncIterator[WorkspaceSessions]:
+        """Every registered workspace with its sessions (see ``sessions_of``): the one walk
+        over "all workspaces, all sessions" that maintenance, recovery and counts share."""
+        for ws, touched_ms in (await self.workspaces()).items():
+            w = WorkspaceKeys(ws)
+            yield WorkspaceSessions(
+                w, touched_ms, await self.sessions_of(w, with_errors=with_errors)
+            )
+
+    async def due_sessions(
+        self, workspaces: Sequence[str], now_ms: int, limit: int
+    ) -> tuple[list[tuple[str, str]], int | None]:
+        """Sessions due now (at most ``limit`` per workspace) and the earliest later score."""
+        if not workspaces:
+            return [], None
+        pipe = self.client.pipeline(transaction=False)
+        for ws in workspaces:
+            ready = WorkspaceKeys(ws).ready
+            pipe.zrangebyscore(ready, "-inf", now_ms, start=0, num=limit)
+            pipe.zrangebyscore(ready, f"({now_ms}", "+inf", start=0, num=1, withscores=True)
+        answers = await pipe.execute(raise_on_error=True)
+        due: list[tuple[str, str]] = []
+        nxt: int | None = None
+        for i, ws in enumerate(workspaces):
+            due.extend((ws, text(ses)) for ses in answers[2 * i])
+            for _, score in answers[2 * i + 1]:
+                nxt = int(score) if nxt is None else min(nxt, int(score))
+        return due, nxt
+
+    async def session_entries(self, keys: Sequence[SessionKeys]) -> list[list[str]]:
+        """Each session's staging then queue, raw (one pipelined round trip)."""
+        if not keys:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.lrange(k.staging, 0, -1)
+            pipe.lrange(k.queue, 0, -1)
+        answers = await pipe.execute(raise_on_error=True)
+        return [[text(x) for x in answers[i] + answers[i + 1]] for i in range(0, len(answers), 2)]
+
+    async def staging_lengths(self, keys: Sequence[SessionKeys]) -> list[int]:
+        """Each session's staging length (one pipelined round trip)."""
+        pipe = self.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.llen(k.staging)
+        return [int(n) for n in await pipe.execute(raise_on_error=True)]
+
+    async def prune_idle_workspace(self, w: WorkspaceKeys, score_ms: int) -> bool:
+        """Drop an idle workspace from the registry unless an accept touched it since."""
+        sessions: int = await self.client.scard(w.sessions)  # type: ignore[misc]
+        owed: int = await self.client.hlen(w.notices)  # type: ignore[misc]
+        if sessions or owed:
+            return False
+        return await self._done("prune_workspace", [WORKSPACES], [w.ws, score_ms])
+
+    async def cleanup_workspace(self, w: WorkspaceKeys) -> int:
+        """Delete every key of the workspace (found by pattern: an admin action, not a tick)."""
+        removed = 0
+        batch: list[Any] = []
+        async for key in self.client.scan_iter(match=w.scan_pattern, count=500):
+            batch.append(key)
+            if len(batch) >= 500:
+                removed += int(await self.client.delete(*batch))
+                batch.clear()
+        if batch:
+            removed += int(await self.client.delete(*batch))
+        await self.client.zrem(WORKSPACES, w.ws)
+        return removed
+
+    async def ping(self) -> bool:
+        return bool(await self.client.ping())
+
+    async def server_config(self, *names: str) -> dict[str, str]:
+        """CONFIG GET for the named settings (the durability check reads these)."""
+        raw: dict[Any, Any] = await self.client.config_get(*names)  # type: ignore[arg-type]
+        return {text(k): text(v) for k, v in raw.items()}
+
+    # -- wake-ups --------------------------------------------------------------------------
+
+    async def wake_ups(self) -> AsyncIterator[str]:
+        """Yield the workspace of every accept published on the wake channel ('' on a quiet
+        second), until the consumer stops iterating."""
+        pubsub = self.client.pubsub()
+        try:
+            await pubsub.subscribe(WAKE_CHANNEL)
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                # Also yield on a quiet second, so the consumer can notice it should stop.
+                yield text(msg["data"]) if msg and msg.get("type") == "message" else ""
+                await asyncio.sleep(0)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
