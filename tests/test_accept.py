@@ -6,7 +6,17 @@ import pytest
 import valkey.asyncio as valkey_async
 from valkey.exceptions import ResponseError
 
-from prompt_outbox import Duplicate, Entry, Outbox, OutboxFull, Status
+from prompt_outbox import (
+    Duplicate,
+    Entry,
+    InvalidEventId,
+    InvalidId,
+    InvalidInput,
+    Outbox,
+    OutboxFull,
+    Status,
+    TextTooLarge,
+)
 from prompt_outbox.core.keys import SessionKeys
 from tests.conftest import FAST
 from tests.test_entry import MODELS
@@ -141,3 +151,22 @@ async def test_text_at_the_limit_is_accepted(outbox: Outbox) -> None:
     text = "é" * (50 * 1024)  # 100 KiB in UTF-8 exactly
     await outbox.accept("ws", "s1", "u", "c1", text)
     assert (await outbox.list("ws", "s1"))[0].text == text
+
+
+async def test_bad_input_errors_are_typed_with_stable_codes(
+    outbox: Outbox, client: valkey_async.Valkey
+) -> None:
+    """The one boundary: the library's checks raise typed InvalidInput kinds (still
+    ValueErrors), whose codes the HTTP API answers with."""
+    with pytest.raises(InvalidId) as bad_id:
+        await outbox.accept("a:b", "s1", "u", "c1", "x")
+    with pytest.raises(TextTooLarge) as big:
+        await outbox.accept("ws", "s1", "u", "has space", "x" * (100 * 1024 + 1))
+    with pytest.raises(InvalidInput) as bad_cmid:
+        await outbox.accept("ws", "s1", "u", "has space", "x")
+    with pytest.raises(InvalidEventId) as bad_event:
+        await anext(outbox.watch("ws", "s1", "yesterday"))
+    codes = [e.value.code for e in (bad_id, big, bad_cmid, bad_event)]
+    assert codes == ["invalid_id", "text_too_large", "invalid_input", "invalid_event_id"]
+    assert all(isinstance(e.value, ValueError) for e in (bad_id, big, bad_cmid, bad_event))
+    assert await client.dbsize() == 0

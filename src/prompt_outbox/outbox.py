@@ -102,17 +102,19 @@ class Outbox:
         """Persist a prompt for delivery; returns the entry (status pending).
 
         Raises ``Duplicate`` (with the first accept's ID) when the clientMessageID was accepted
-        within ``dedupe_ttl``, ``OutboxFull`` at ``cap``, ``ValueError`` for bad input. The
-        dedupe marker is written only after the push, in the same script: never half-written.
+        within ``dedupe_ttl``, ``OutboxFull`` at ``cap``, ``ValueError`` (an ``InvalidInput``)
+        for bad input. The dedupe marker is written only after the push, in the same script:
+        never half-written.
         """
         k = session_keys(workspace_id, session_id)
+        text = check_text(text)  # before the rest: an oversized body is a 413 first, over HTTP
         cmid = check_client_message_id(client_message_id)
         now = self._clock()
         entry = Entry(
             id=_new_id(now),
             client_message_id=cmid,
             user_id=check_user_id(user_id),
-            text=check_text(text),
+            text=text,
             model=check_model(model),
             accepted_at=now,
         )
@@ -166,7 +168,7 @@ class Outbox:
         With ``last_event_id`` (the last event a reader saw) it resumes right after it, with
         no reset, while the capped log still holds everything after it; otherwise it starts
         with a reset. A reset and its position are read together: nothing is skipped. A bad
-        ``last_event_id`` raises ValueError before anything is read.
+        ``last_event_id`` raises ``InvalidEventId`` (a ValueError) before anything is read.
         """
         k = session_keys(workspace_id, session_id)
         if last_event_id is not None:

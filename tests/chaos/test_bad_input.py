@@ -214,6 +214,18 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
         pytest.param(
             b'{"clientMessageID":"m1","text":"' + BIG + b'"}', 413, "text_too_large", id="100kb+1"
         ),
+        pytest.param(  # the size is judged first, as before the checks moved to the library
+            b'{"clientMessageID":"has space","text":"' + BIG + b'"}',
+            413,
+            "text_too_large",
+            id="100kb+1-and-bad-cmid",
+        ),
+        pytest.param(  # measured before the surrogate check: too large is too large
+            b'{"clientMessageID":"m1","text":"\\ud800' + BIG + b'"}',
+            413,
+            "text_too_large",
+            id="100kb+1-with-lone-surrogate",
+        ),
         pytest.param(
             b'{"clientMessageID":"m1","text":"' + b"x" * (300 * 1024) + b'"}',
             413,

@@ -1,4 +1,5 @@
-"""Bearer tokens, each scoped to a set of workspaces (or admin), from a JSON file or string.
+"""Bearer tokens, each scoped to a set of workspaces (or admin), from a JSON file or string,
+and the route dependencies that check them (``Caller``, ``Admin``).
 
 {"tokens": [{"token": "s3cret", "user": "alice", "workspaces": ["acme"]},
             {"token": "ops", "user": "ops", "admin": true}]}
@@ -10,6 +11,11 @@ import hmac
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from .errors import ApiError
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +27,7 @@ class Principal:
     admin: bool = False
 
     def may_use(self, workspace_id: str) -> bool:
+        """May this token act on ``workspace_id``? Admin tokens may act on any."""
         return self.admin or workspace_id in self.workspaces
 
 
@@ -65,9 +72,11 @@ class TokenTable:
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenTable:
+        """Read and parse the token file; raises ValueError saying what is wrong."""
         return cls.from_json(Path(path).read_text())
 
     def lookup(self, token: str) -> Principal | None:
+        """The Principal of ``token``, or None if it is not in the table."""
         if self.disabled:
             return DEV_PRINCIPAL
         if not token:
@@ -78,3 +87,31 @@ class TokenTable:
             if hmac.compare_digest(known.encode(), token.encode()):
                 found = principal
         return found
+
+
+def principal(request: Request) -> Principal:
+    """The caller's token, checked against the workspace in the path (401 / 403). Read from
+    the raw path so that the route's declaration of ``ws`` (with its pattern) is the only one:
+    auth is decided first, the ID checked after."""
+    ws = request.path_params.get("ws", "")
+    tokens: TokenTable = request.app.state.tokens
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    found = tokens.lookup(token.strip() if scheme.lower() == "bearer" else "")
+    if found is None:
+        raise ApiError(401, "unauthorized", "a valid bearer token is required")
+    if not found.may_use(ws):
+        raise ApiError(403, "forbidden", f"this token may not use workspace {ws!r}")
+    return found
+
+
+Caller = Annotated[Principal, Depends(principal)]
+
+
+def admin(caller: Caller) -> Principal:
+    """Workspace-wide operator actions need an admin token (403 otherwise)."""
+    if not caller.admin:
+        raise ApiError(403, "forbidden", "this route needs an admin token")
+    return caller
+
+
+Admin = Annotated[Principal, Depends(admin)]

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
+from ..core.entry import encode_list
 from ..core.events import QueueEvent, QueueReset
 
 log = logging.getLogger("prompt_outbox.api")
@@ -23,8 +24,7 @@ Item = QueueEvent | QueueReset | None
 def format_item(item: QueueEvent | QueueReset) -> str:
     """One SSE message. Entry JSON is spliced raw, so a caller's ``model`` stays byte for byte."""
     if isinstance(item, QueueReset):
-        data = '{"entries":[' + ",".join(e.to_list_json() for e in item.entries) + "]}"
-        return f"id: {item.event_id}\nevent: queue.reset\ndata: {data}\n\n"
+        return f"id: {item.event_id}\nevent: queue.reset\ndata: {encode_list(item.entries)}\n\n"
     entry = item.entry.to_json() if item.entry is not None else "null"
     data = f'{{"kind":{json.dumps(item.kind)},"id":{json.dumps(item.entry_id)},"entry":{entry}}}'
     return f"id: {item.event_id}\nevent: queue.update\ndata: {data}\n\n"

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..core.entry import Entry, Status
+from ..core.entry import Entry, Status, encode_list
 from ..core.timeutil import format_time
 from ..outbox import Outbox
 from .storage import open_outbox, storage_options
@@ -65,7 +65,7 @@ def list_prompts(workspace: str, session: str, as_json: bool, **opts: Any) -> No
     """Show a session's queue in FIFO order."""
     entries = _with_outbox(opts, lambda o: o.list(workspace, session))
     if as_json:
-        click.echo('{"entries":[' + ",".join(e.to_list_json() for e in entries) + "]}")
+        click.echo(encode_list(entries))
         return
     if not entries:
         click.echo("(empty)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -20,9 +21,6 @@ class Status(StrEnum):
     VERIFYING = "verifying"
     ERROR = "error"
     PARKED = "parked"
-
-
-BLOCKING_STATUSES = frozenset({Status.PENDING, Status.DELIVERING, Status.VERIFYING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +93,12 @@ def encode_entry(e: Entry, *, with_list_fields: bool) -> str:
     if with_list_fields and e.in_flight_for:
         parts.append(f'"inFlightFor":{round(e.in_flight_for * 1e9)}')
     return "{" + ",".join(parts) + "}"
+
+
+def encode_list(entries: Iterable[Entry]) -> str:
+    """The List JSON, ``{"entries":[...]}``: the API's list answer, SSE's ``queue.reset`` data
+    and ``list --json``. Spliced from ``to_list_json`` so each ``model`` stays byte for byte."""
+    return '{"entries":[' + ",".join(e.to_list_json() for e in entries) + "]}"
 
 
 _WS = re.compile(r"[ \t\n\r]*")

@@ -1,6 +1,32 @@
-"""The outcome classes a deliverer raises, and the errors Accept raises."""
+"""The outcome classes a deliverer raises, and the errors Accept (and every input check) raises."""
 
 from __future__ import annotations
+
+
+class InvalidInput(ValueError):
+    """Bad input, refused before anything is written. ``code`` names the kind, stably: the
+    HTTP API answers with it (and picks the status by it), callers may branch on it. A
+    ValueError, as the library has always documented."""
+
+    code: str = "invalid_input"
+
+
+class InvalidId(InvalidInput):
+    """A workspace, session or entry ID outside ``keys.ID_PATTERN``."""
+
+    code = "invalid_id"
+
+
+class TextTooLarge(InvalidInput):
+    """A prompt text over ``validate.MAX_TEXT_BYTES`` of UTF-8 (HTTP 413, not 400)."""
+
+    code = "text_too_large"
+
+
+class InvalidEventId(InvalidInput):
+    """A resume point (``Last-Event-ID``) that is not an event ID ``<ms>-<seq>``."""
+
+    code = "invalid_event_id"
 
 
 class Duplicate(Exception):

@@ -11,18 +11,15 @@ import re
 from dataclasses import dataclass
 
 from .entry import Entry
+from .errors import InvalidEventId
 
 _EVENT_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
-
-EVENT_KINDS = frozenset(
-    {"accepted", "delivering", "sent", "pending", "verifying", "error", "parked", "dismissed"}
-)
-"""``accepted``, ``sent`` (delivered and gone), ``dismissed``, or the entry's new status."""
 
 
 @dataclass(frozen=True, slots=True)
 class QueueEvent:
-    """One change of one entry. ``entry`` is its new state; None once it left the queue."""
+    """One change of one entry. ``kind`` is ``accepted``, ``sent`` (delivered and gone),
+    ``dismissed``, or the entry's new status; ``entry`` is its new state, None once gone."""
 
     event_id: str
     kind: str
@@ -40,10 +37,10 @@ class QueueReset:
 
 
 def parse_event_id(value: str) -> tuple[int, int]:
-    """``"<ms>-<seq>"`` as a comparable pair; raises ValueError for anything else."""
+    """``"<ms>-<seq>"`` as a comparable pair; raises InvalidEventId for anything else."""
     m = _EVENT_ID.fullmatch(value)
     if m is None:
-        raise ValueError(f"an event ID looks like <ms>-<seq>, got {value[:64]!r}")
+        raise InvalidEventId(f"an event ID looks like <ms>-<seq>, got {value[:64]!r}")
     return int(m.group(1)), int(m.group(2))
 
 

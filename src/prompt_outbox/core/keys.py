@@ -1,9 +1,12 @@
-"""The storage layout (DESIGN.md section 3) and the ID checks that keep callers inside it."""
+"""The storage layout (docs/design.md, "Storage layout") and the ID checks that keep callers
+inside it."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from .errors import InvalidId, InvalidInput
 
 ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 """Workspace, session and entry IDs. Braces, colons and whitespace would break the key layout
@@ -23,15 +26,16 @@ WAKE_CHANNEL = "outboxwake"
 
 
 def check_id(kind: str, value: object) -> str:
-    """Return ``value`` if it is a safe workspace / session / entry ID, else raise ValueError."""
+    """Return ``value`` if it is a safe workspace / session / entry ID, else raise InvalidId."""
     if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise ValueError(f"{kind} must match [A-Za-z0-9._-]{{1,128}}, got {value!r}")
+        raise InvalidId(f"{kind} must match [A-Za-z0-9._-]{{1,128}}, got {value!r}")
     return value
 
 
 def check_client_message_id(value: object) -> str:
+    """Return ``value`` if it is a valid clientMessageID, else raise InvalidInput."""
     if not isinstance(value, str) or not _CLIENT_MESSAGE_ID.fullmatch(value):
-        raise ValueError(
+        raise InvalidInput(
             f"clientMessageID must be 1-256 visible ASCII characters (no spaces), got {value!r}"
         )
     return value

@@ -1,10 +1,13 @@
-"""Checks on what callers hand to Accept: bad input is a ValueError before anything is written."""
+"""Checks on what callers hand to Accept: bad input is an InvalidInput (a ValueError) before
+anything is written."""
 
 from __future__ import annotations
 
 import json
 import re
 from typing import Any
+
+from .errors import InvalidInput, TextTooLarge
 
 MAX_TEXT_BYTES = 100 * 1024
 MAX_USER_ID = 256
@@ -22,29 +25,38 @@ _VISIBLE = re.compile(VISIBLE_CHARACTER)
 
 
 def check_text(text: object) -> str:
+    """Return ``text`` if it is a non-empty prompt of at most MAX_TEXT_BYTES of valid UTF-8.
+
+    Raises TextTooLarge over the limit, else InvalidInput.
+    """
     if not isinstance(text, str):
-        raise ValueError(f"text must be a string, got {type(text).__name__}")
+        raise InvalidInput(f"text must be a string, got {type(text).__name__}")
     if not text:
-        raise ValueError("text must not be empty")
+        raise InvalidInput("text must not be empty")
     try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise ValueError("text is not valid Unicode (lone surrogate)") from exc
+        size, lone_surrogate = len(text.encode("utf-8")), False
+    except UnicodeEncodeError:
+        # Size first, a lone surrogate counted as the 3 bytes it would take: a text over the
+        # limit is "too large" (HTTP 413) whatever else is wrong with it.
+        size, lone_surrogate = len(text.encode("utf-8", "surrogatepass")), True
     if size > MAX_TEXT_BYTES:
-        raise ValueError(f"text is {size} bytes; the limit is {MAX_TEXT_BYTES}")
+        raise TextTooLarge(f"text is {size} bytes; the limit is {MAX_TEXT_BYTES}")
+    if lone_surrogate:
+        raise InvalidInput("text is not valid Unicode (lone surrogate)")
     return text
 
 
 def check_user_id(user_id: object) -> str:
+    """Return ``user_id`` if it is printable and at most MAX_USER_ID characters."""
     if not isinstance(user_id, str) or len(user_id) > MAX_USER_ID or not user_id.isprintable():
-        raise ValueError(f"userID must be a printable string of at most {MAX_USER_ID} characters")
+        raise InvalidInput(f"userID must be a printable string of at most {MAX_USER_ID} characters")
     return user_id
 
 
 def check_reason(reason: object) -> str:
     """A park reason: at most MAX_REASON characters, at least one of them visible."""
     if not isinstance(reason, str) or len(reason) > MAX_REASON or not _VISIBLE.search(reason):
-        raise ValueError(
+        raise InvalidInput(
             f"a park reason needs a visible character and at most {MAX_REASON} characters"
         )
     return reason
@@ -68,20 +80,20 @@ def check_model(model: object) -> str | None:
     if model is None:
         return None
     if not isinstance(model, str):
-        raise ValueError(f"model must be raw JSON text (str) or None, got {type(model).__name__}")
+        raise InvalidInput(f"model must be raw JSON text (str) or None, got {type(model).__name__}")
     model = model.strip(" \t\r\n")
     try:
         size = len(model.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise ValueError("model is not valid Unicode (lone surrogate)") from exc
+        raise InvalidInput("model is not valid Unicode (lone surrogate)") from exc
     if size > MAX_MODEL_BYTES:
-        raise ValueError(f"model JSON is over {MAX_MODEL_BYTES} bytes")
+        raise InvalidInput(f"model JSON is over {MAX_MODEL_BYTES} bytes")
     try:
         parsed = json.loads(model)
     except (ValueError, RecursionError) as exc:
-        raise ValueError(f"model is not valid JSON: {exc}") from exc
+        raise InvalidInput(f"model is not valid JSON: {exc}") from exc
     if parsed is None:
         return None
     if _depth(parsed) > MAX_MODEL_DEPTH:
-        raise ValueError(f"model JSON nests deeper than {MAX_MODEL_DEPTH}")
+        raise InvalidInput(f"model JSON nests deeper than {MAX_MODEL_DEPTH}")
     return model

@@ -1,0 +1,120 @@
+"""Refusals: the error body, its OpenAPI declaration, and the one map from exception to status.
+
+Every refusal is JSON ``{"error": code, "detail": ...}``. The library's own errors carry their
+code (``InvalidInput.code``), so this module only picks the HTTP status; no route checks input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from valkey.exceptions import ConnectionError as ValkeyConnectionError
+from valkey.exceptions import TimeoutError as ValkeyTimeoutError
+
+from ..core.errors import InvalidId, InvalidInput, OutboxFull, TextTooLarge
+from ..core.keys import ID_PATTERN, check_id
+from .params import PATH_IDS
+
+
+class ApiError(Exception):
+    """A refusal decided by the HTTP layer itself (auth, body transport, not found, busy)."""
+
+    def __init__(self, status: int, code: str, detail: Any) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail = status, code, detail
+
+
+class ErrorBody(BaseModel):
+    """Every refusal: a stable code and a human-readable detail."""
+
+    error: str = Field(description="a stable code, e.g. invalid_id, outbox_full, busy")
+    detail: Any = Field(description="what is wrong, for a person")
+
+
+ERROR_WHY = {
+    400: f"bad input: an ID not matching {ID_PATTERN}, a body that is not JSON, bad values",
+    401: "no valid bearer token",
+    403: "the token may not use this workspace (or the route needs an admin token)",
+    404: "no such entry",
+    409: "a delivery holds the session; try again shortly",
+    413: "the body or the text is too large",
+    422: "a field is missing or of the wrong type",
+    429: "the session's outbox is full",
+    503: "Valkey is unreachable",
+}
+
+# The status of each InvalidInput kind that is not a plain 400.
+_INPUT_STATUS = {TextTooLarge.code: 413}
+
+
+def errors(*extra: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses for the refusals of a /v1 route: the common ones plus ``extra``."""
+    codes = sorted({400, 401, 403, 422, 503, *extra})
+    return {code: {"model": ErrorBody, "description": ERROR_WHY[code]} for code in codes}
+
+
+def error_response(status: int, code: str, detail: Any) -> JSONResponse:
+    """The JSON body of a refusal."""
+    return JSONResponse({"error": code, "detail": detail}, status_code=status)
+
+
+async def _api_error(_: Request, exc: ApiError) -> Response:
+    return error_response(exc.status, exc.code, exc.detail)
+
+
+async def _invalid_input(_: Request, exc: InvalidInput) -> Response:
+    return error_response(_INPUT_STATUS.get(exc.code, 400), exc.code, str(exc))
+
+
+async def _outbox_full(_: Request, exc: OutboxFull) -> Response:
+    return error_response(429, "outbox_full", str(exc))
+
+
+async def _storage_down(_: Request, exc: Exception) -> Response:
+    return error_response(503, "storage_unavailable", f"Valkey is unreachable: {exc}")
+
+
+async def _invalid_request(_: Request, exc: RequestValidationError) -> Response:
+    """A path ID off its pattern is the library's invalid_id (400); anything else pydantic
+    refused is a 422 with its own error list."""
+    for err in exc.errors():
+        loc = tuple(err.get("loc", ()))
+        if len(loc) == 2 and loc[0] == "path" and loc[1] in PATH_IDS:
+            problem = _id_problem(PATH_IDS[loc[1]], err.get("input"))
+            return error_response(400, InvalidId.code, problem)
+    return error_response(422, "invalid_request", json.loads(json.dumps(exc.errors(), default=str)))
+
+
+async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    return error_response(exc.status_code, "http_error", exc.detail)
+
+
+def _id_problem(kind: str, value: Any) -> str:
+    """The library's own words for a bad ID (one message, one rule: keys.ID_PATTERN)."""
+    try:
+        check_id(kind, value)
+    except InvalidId as exc:
+        return str(exc)
+    return f"bad {kind}: {value!r}"
+
+
+EXCEPTION_HANDLERS: dict[
+    int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]
+] = {
+    ApiError: _api_error,
+    InvalidInput: _invalid_input,  # and its kinds, by their code
+    OutboxFull: _outbox_full,
+    ValkeyConnectionError: _storage_down,
+    ValkeyTimeoutError: _storage_down,
+    RequestValidationError: _invalid_request,
+    StarletteHTTPException: _http_error,
+}
+"""Exception -> refusal, for ``FastAPI(exception_handlers=...)``. Duplicate is no refusal: the
+accept route answers it (200). Anything else is a bug, and a 500."""

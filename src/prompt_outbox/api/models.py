@@ -1,0 +1,54 @@
+"""The response shapes (and the park body) the OpenAPI declares, with the library's own limits.
+The prompt body's shape is ``prompts.PromptIn``, next to the raw parse it documents."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ..core.validate import MAX_REASON, MAX_USER_ID, VISIBLE_CHARACTER
+
+
+class Accepted(BaseModel):
+    id: str
+    status: str | None = None
+    duplicate: bool = False
+
+
+class EntryOut(BaseModel):
+    """One listed entry: the seed's field names. Optional fields are omitted, never null."""
+
+    id: str
+    clientMessageID: str
+    userID: str = Field(max_length=MAX_USER_ID)
+    text: str
+    model: Any = None
+    acceptedAt: datetime
+    attempts: int
+    lastAttemptAt: datetime | None = None
+    verifyAttempts: int | None = None
+    transientFails: int | None = None
+    nextAttemptAt: datetime | None = None
+    lastError: str | None = None
+    status: Literal["pending", "delivering", "verifying", "error", "parked"]
+    blockedByInFlight: bool | None = None
+    inFlightFor: int | None = Field(default=None, description="nanoseconds the lock is held")
+
+
+class EntryList(BaseModel):
+    entries: list[EntryOut]
+
+
+class Retried(BaseModel):
+    id: str
+    status: Literal["pending"]
+
+
+class ParkIn(BaseModel):
+    reason: str = Field(
+        max_length=MAX_REASON,
+        pattern=VISIBLE_CHARACTER,
+        description="why, shown on each entry: at least one visible character",
+    )

@@ -1,0 +1,166 @@
+"""A session's routes: accept, list, retry, dismiss, and its event stream.
+
+The prompt body is parsed with the entry codec's raw-field splitter rather than pydantic, so the
+caller's ``model`` JSON reaches the agent byte for byte (pydantic would re-encode it). The values
+are checked by the Outbox, not here: its InvalidInput kinds become the refusals (``errors``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+
+from ..core.callbacks import DismissResult, RetryResult
+from ..core.entry import encode_list, raw_object_fields
+from ..core.errors import Duplicate
+from ..core.keys import CLIENT_MESSAGE_ID_PATTERN
+from ..core.validate import MAX_TEXT_BYTES
+from .auth import Caller
+from .errors import ApiError, errors
+from .models import Accepted, EntryList, Retried
+from .params import EntryId, OutboxDep, SessionId, WorkspaceId
+from .sse import event_stream
+
+MAX_BODY_BYTES = 2 * MAX_TEXT_BYTES  # text at the limit, JSON-escaped, plus the rest
+SESSION = "/v1/workspaces/{ws}/sessions/{ses}"
+
+router = APIRouter()
+
+
+class PromptIn(BaseModel):
+    """The POST body (documentation only: the body is read raw, see the module docstring)."""
+
+    clientMessageID: str = Field(
+        pattern=CLIENT_MESSAGE_ID_PATTERN,
+        description="the caller's dedupe key: 1-256 visible ASCII characters, no spaces",
+    )
+    text: str = Field(
+        min_length=1,
+        max_length=MAX_TEXT_BYTES,
+        description=f"the prompt: at most {MAX_TEXT_BYTES} bytes of UTF-8 (413 beyond)",
+    )
+    model: Any = Field(
+        default=None, description="the agent's model selector: any JSON, kept byte for byte"
+    )
+
+
+def _session_busy() -> ApiError:
+    return ApiError(409, "busy", "a delivery holds the session; try again shortly")
+
+
+@router.post(
+    SESSION + "/prompts",
+    status_code=202,
+    response_model=Accepted,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": PromptIn.model_json_schema()}},
+        }
+    },
+    responses={
+        200: {"model": Accepted, "description": "a duplicate: the first accept's ID"},
+        **errors(413, 429),
+    },
+)
+async def accept_prompt(
+    ws: WorkspaceId, ses: SessionId, request: Request, caller: Caller, outbox: OutboxDep
+) -> Any:
+    """Accept a prompt for delivery (202), or name the first accept of a duplicate (200)."""
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+    cmid, text, model = _parse_prompt(body)
+    try:
+        entry = await outbox.accept(ws, ses, caller.user_id, cmid, text, model)
+    except Duplicate as dup:
+        return JSONResponse({"id": dup.accepted_id, "duplicate": True}, status_code=200)
+    return Accepted(id=entry.id, status=str(entry.status))
+
+
+@router.get(SESSION + "/prompts", responses={200: {"model": EntryList}, **errors()})
+async def list_prompts(
+    ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep
+) -> Response:
+    """The session's queue in FIFO order (the seed's List, with blockedByInFlight)."""
+    return Response(encode_list(await outbox.list(ws, ses)), media_type="application/json")
+
+
+@router.post(SESSION + "/prompts/{entry_id}/retry", responses=errors(404, 409))
+async def retry_prompt(
+    ws: WorkspaceId, ses: SessionId, entry_id: EntryId, caller: Caller, outbox: OutboxDep
+) -> Retried:
+    """Re-arm an error entry: 200, 404 (no such error entry), 409 (a delivery holds it)."""
+    result = await outbox.retry(ws, ses, entry_id)
+    if result is RetryResult.BUSY:
+        raise _session_busy()
+    if result is RetryResult.NOT_FOUND:
+        raise ApiError(404, "not_found", f"no error entry {entry_id!r} in this session")
+    return Retried(id=entry_id, status="pending")
+
+
+@router.delete(SESSION + "/prompts/{entry_id}", status_code=204, responses=errors(404, 409))
+async def dismiss_prompt(
+    ws: WorkspaceId, ses: SessionId, entry_id: EntryId, caller: Caller, outbox: OutboxDep
+) -> Response:
+    """Dismiss an entry: 204, 404 (absent), 409 (a delivery holds the session)."""
+    result = await outbox.dismiss(ws, ses, entry_id)
+    if result is DismissResult.BUSY:
+        raise _session_busy()
+    if result is DismissResult.NOT_FOUND:
+        raise ApiError(404, "not_found", f"no entry {entry_id!r} in this session")
+    return Response(status_code=204)
+
+
+@router.get(
+    SESSION + "/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}, **errors()},
+)
+async def session_events(
+    ws: WorkspaceId,
+    ses: SessionId,
+    request: Request,
+    caller: Caller,
+    outbox: OutboxDep,
+    last_event_id: Annotated[str | None, Header()] = None,
+    lastEventId: Annotated[str | None, Query(description="for clients without headers")] = None,
+) -> StreamingResponse:
+    """SSE: ``queue.reset`` (the queue) first, then ``queue.update`` per change
+    (accepted, delivering, sent, pending, verifying, error, parked, dismissed). Reconnect
+    with ``Last-Event-ID`` to resume after the last event seen, with no reset if the
+    capped log still holds everything since."""
+    resume = last_event_id or lastEventId
+    # Surrounding whitespace is the transport's, not the ID's (a header value's padding).
+    items = outbox.watch(ws, ses, None if resume is None else resume.strip())
+    # The first item is read now: a bad resume point (InvalidEventId) is a 400 and a dead
+    # Valkey a 503 here, not a broken stream later.
+    first = await anext(items)
+    return StreamingResponse(
+        event_stream(first, items, request.is_disconnected),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _parse_prompt(body: bytes) -> tuple[str, str, str | None]:
+    """clientMessageID, text and the raw model JSON of a POST body, or a 400 / 422."""
+    try:
+        fields = raw_object_fields(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ApiError(400, "invalid_json", "the body is not UTF-8") from None
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not a JSON object: {exc}") from None
+    wrong = [
+        name
+        for name in ("clientMessageID", "text")
+        if not isinstance(fields.get(name, (None,))[0], str)
+    ]
+    if wrong:
+        raise ApiError(422, "invalid_request", f"string field(s) required: {', '.join(wrong)}")
+    model = fields.get("model")
+    raw_model = None if model is None or model[0] is None else model[1]
+    return fields["clientMessageID"][0], fields["text"][0], raw_model
