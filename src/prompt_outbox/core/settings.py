@@ -7,18 +7,29 @@ from dataclasses import dataclass, fields
 
 _MINUTE = 60.0
 _HOUR = 60 * _MINUTE
+_DEFAULT_LEASE = 30.0
+
+
+class _Derived(float):
+    """A tunable's value derived from another one (left at its default): ``replace()`` on the
+    Tunables passes it back in, and it is derived again from the new values."""
 
 
 @dataclass(frozen=True, slots=True)
 class Tunables:
     """Every duration is float seconds. Defaults are the seed's; tests pass small values.
 
-    ``lock_ttl`` 0 means "delivery_timeout + 2 min" (the seed's rule). Beyond the seed:
-    ``lease_ttl`` is the short delivery-lock lease the living worker renews (a killed worker's
-    session unfreezes after at most this long); ``lock_ttl`` is the hard ceiling on one hold.
-    ``event_log_len`` / ``event_log_ttl`` bound each session's event log (``Outbox.watch``).
-    ``hook_retry_after``: an OnDelivered owed by a worker that died after its claim is fired
-    again by another worker after this long.
+    Three of ours follow another field unless set (0 means "derive it"): ``lock_ttl`` is
+    ``delivery_timeout + 2 min`` (the seed's rule); ``lease_ttl``, the short delivery-lock lease
+    the living worker renews (a killed worker's session unfreezes after at most this long), is
+    30 s, or ``lock_ttl`` if that is shorter; ``hook_retry_after`` (an OnDelivered owed by a
+    worker that died after its claim is fired again by another worker after this long) is twice
+    ``bookkeeping_timeout``. ``lock_ttl`` is the hard ceiling on one hold. ``event_log_len`` /
+    ``event_log_ttl`` bound each session's event log (``Outbox.watch``).
+
+    Every combination of the seed's knobs that the seed allows constructs (positive values,
+    ``lock_ttl > delivery_timeout``); a value the caller set that breaks a rule is refused with
+    a ValueError naming that field.
     """
 
     max_attempts: int = 5
@@ -35,35 +46,47 @@ class Tunables:
     max_transient_failures: int = 20
     parked_sweep_interval: float = 60.0
     # Ours: the lease, the worker pool, and the safety nets.
-    lease_ttl: float = 30.0
+    lease_ttl: float = 0.0
     concurrency: int = 64
     repair_interval: float = 5 * _MINUTE
     idle_workspace_ttl: float = _HOUR
     bookkeeping_timeout: float = 30.0
-    # How long OnDelivered may take before another worker fires it again for a claim whose
-    # worker vanished (killed between the claim and the hook): the hook is at-least-once.
-    hook_retry_after: float = 60.0
+    hook_retry_after: float = 0.0
     # The per-session event log behind SSE: its newest events, dropped after a quiet spell.
     event_log_len: int = 1000
     event_log_ttl: float = 24 * _HOUR
 
     def __post_init__(self) -> None:
-        if self.lock_ttl == 0:
-            object.__setattr__(self, "lock_ttl", self.delivery_timeout + 2 * _MINUTE)
+        def derive(name: str, value: float) -> None:
+            current = getattr(self, name)
+            if current == 0 or isinstance(current, _Derived):
+                object.__setattr__(self, name, _Derived(value))
+
+        derive("lock_ttl", self.delivery_timeout + 2 * _MINUTE)
+        derive("lease_ttl", min(_DEFAULT_LEASE, self.lock_ttl))
+        # Clearing a hook's record retries for bookkeeping_timeout: firing it again sooner
+        # would duplicate hooks whose record is merely slow to clear.
+        derive("hook_retry_after", 2 * self.bookkeeping_timeout)
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"Tunables.{f.name} must be a positive number, got {value!r}")
+            if f.type == "int" and not isinstance(value, int):
+                raise ValueError(f"Tunables.{f.name} must be a whole number, got {value!r}")
         if self.lock_ttl <= self.delivery_timeout:
-            raise ValueError("Tunables.lock_ttl must exceed delivery_timeout")
+            raise ValueError(
+                f"Tunables.lock_ttl ({self.lock_ttl}) must exceed delivery_timeout "
+                f"({self.delivery_timeout}): a delivery must not outlive its lock"
+            )
         if self.lease_ttl > self.lock_ttl:
-            raise ValueError("Tunables.lease_ttl must not exceed lock_ttl")
+            raise ValueError(
+                f"Tunables.lease_ttl ({self.lease_ttl}) must not exceed lock_ttl ({self.lock_ttl})"
+            )
         if self.hook_retry_after <= self.bookkeeping_timeout:
-            # Clearing a hook's record retries for bookkeeping_timeout: firing it again sooner
-            # would duplicate hooks whose record is merely slow to clear.
-            raise ValueError("Tunables.hook_retry_after must exceed bookkeeping_timeout")
-        if self.max_backoff < self.retry_backoff or self.max_verify_backoff < self.verify_backoff:
-            raise ValueError("Tunables: a max backoff must not be below its base")
+            raise ValueError(
+                f"Tunables.hook_retry_after ({self.hook_retry_after}) must exceed "
+                f"bookkeeping_timeout ({self.bookkeeping_timeout})"
+            )
 
 
 def tunables_from_json(text: str) -> Tunables:

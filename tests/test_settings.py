@@ -1,0 +1,104 @@
+"""Tunables: every combination of the seed's knobs that the seed allows constructs; our own
+knobs follow theirs unless set; a bad value the caller set is refused, naming that field."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prompt_outbox import Tunables
+from prompt_outbox.core.settings import tunables_from_json
+
+# The seed's knobs (its package variables), as Tunables fields; lock_ttl is drawn apart: the
+# seed's one rule between them is LockTTL > DeliveryTimeout.
+SEED_COUNTS = ("max_attempts", "cap", "max_verify_attempts", "max_transient_failures")
+SEED_DURATIONS = (
+    "dedupe_ttl",
+    "delivery_timeout",
+    "retry_backoff",
+    "max_backoff",
+    "verify_delay",
+    "verify_backoff",
+    "max_verify_backoff",
+    "parked_sweep_interval",
+)
+seconds = st.floats(min_value=0.001, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def seed_knobs(draw: st.DrawFn) -> dict[str, float | int]:
+    """Any subset of the seed's knobs, each any value the seed allows."""
+    knobs: dict[str, float | int] = {}
+    for name in SEED_COUNTS:
+        if draw(st.booleans()):
+            knobs[name] = draw(st.integers(min_value=1, max_value=10_000))
+    for name in SEED_DURATIONS:
+        if draw(st.booleans()):
+            knobs[name] = draw(seconds)
+    if draw(st.booleans()):
+        timeout = knobs.get("delivery_timeout", Tunables().delivery_timeout)
+        knobs["lock_ttl"] = timeout + draw(seconds)
+    return knobs
+
+
+def test_the_issues_example_constructs() -> None:
+    # The seed's knobs only, obeying its rule: once refused over lease_ttl, never set.
+    t = Tunables(delivery_timeout=2.0, lock_ttl=3.0)
+    assert (t.lock_ttl, t.lease_ttl) == (3.0, 3.0)
+
+
+@given(seed_knobs())
+def test_every_combination_the_seed_allows_constructs(knobs: dict[str, float | int]) -> None:
+    t = Tunables(**knobs)  # type: ignore[arg-type]
+    for name, value in knobs.items():
+        assert getattr(t, name) == value  # what the caller set is kept as set
+    assert t.lock_ttl > t.delivery_timeout
+    assert 0 < t.lease_ttl <= t.lock_ttl
+    assert t.hook_retry_after > t.bookkeeping_timeout
+    # replace() derives the followers again from the new values: no stale lock or lease.
+    again = dataclasses.replace(Tunables(), **knobs)  # type: ignore[arg-type]
+    assert again == t
+
+
+def test_followers_follow_unless_set() -> None:
+    t = Tunables()
+    assert (t.lock_ttl, t.lease_ttl, t.hook_retry_after) == (720.0, 30.0, 60.0)
+    longer = dataclasses.replace(t, delivery_timeout=1800.0, bookkeeping_timeout=45.0)
+    assert (longer.lock_ttl, longer.lease_ttl, longer.hook_retry_after) == (1920.0, 30.0, 90.0)
+    set_ = Tunables(delivery_timeout=1.0, lock_ttl=5.0, lease_ttl=2.0, hook_retry_after=31.0)
+    assert (set_.lock_ttl, set_.lease_ttl, set_.hook_retry_after) == (5.0, 2.0, 31.0)
+    # A base above its cap is the seed's own behaviour (every delay is the cap), not an error.
+    assert Tunables(retry_backoff=300.0).max_backoff == 120.0
+
+
+@pytest.mark.parametrize(
+    ("knobs", "named"),
+    [
+        ({"lock_ttl": 10.0}, "Tunables.lock_ttl (10.0) must exceed delivery_timeout"),
+        ({"lease_ttl": 800.0}, "Tunables.lease_ttl (800.0) must not exceed lock_ttl"),
+        ({"delivery_timeout": 1.0, "lock_ttl": 2.0, "lease_ttl": 3.0}, "Tunables.lease_ttl"),
+        ({"hook_retry_after": 5.0}, "Tunables.hook_retry_after (5.0) must exceed"),
+        ({"cap": 0}, "Tunables.cap must be a positive number"),
+        ({"max_attempts": 2.5}, "Tunables.max_attempts must be a whole number"),
+        ({"retry_backoff": -1.0}, "Tunables.retry_backoff must be a positive number"),
+        ({"concurrency": True}, "Tunables.concurrency must be a positive number"),
+    ],
+)
+def test_a_bad_value_the_caller_set_is_refused_by_name(
+    knobs: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        Tunables(**knobs)  # type: ignore[arg-type]
+
+
+def test_tunables_from_json() -> None:
+    t = tunables_from_json(json.dumps({"delivery_timeout": 2.0, "lock_ttl": 3.0}))
+    assert t == Tunables(delivery_timeout=2.0, lock_ttl=3.0)
+    with pytest.raises(ValueError, match="unknown tunables: nope"):
+        tunables_from_json('{"nope": 1}')
+    with pytest.raises(ValueError, match="JSON object"):
+        tunables_from_json("[1]")
