@@ -13,16 +13,14 @@ async def deliver(ws: str, ses: str, entry: Entry) -> None:
 async def main() -> None:
     with EmbeddedValkey("./.prompt-outbox") as server:  # durable: appendfsync always
         outbox = Outbox(valkey.Valkey.from_url(server.url))
-        worker = asyncio.create_task(outbox.run(deliver))
-        try:
-            entry = await outbox.accept("acme", "chat-1", "user-7", "msg-1", "Hello, agent!")
-            print("accepted", entry.id, entry.status)
-        except Duplicate as dup:  # a client retry (or a second run: the data dir is durable)
-            print("already accepted as", dup.accepted_id)
-        await asyncio.sleep(0.5)  # the worker delivers it in the background
-        print("still queued:", await outbox.list("acme", "chat-1"))
-        worker.cancel()  # run() finishes in-flight deliveries, then returns
-        await asyncio.gather(worker, return_exceptions=True)
+        async with outbox.running(deliver):  # on exit: in-flight deliveries finish first
+            try:
+                entry = await outbox.accept("acme", "chat-1", "user-7", "msg-1", "Hello, agent!")
+                print("accepted", entry.id, entry.status)
+            except Duplicate as dup:  # a client retry (or a second run: the data dir is durable)
+                print("already accepted as", dup.accepted_id)
+            await asyncio.sleep(0.5)  # the worker delivers it in the background
+            print("still queued:", await outbox.list("acme", "chat-1"))
 
 
 asyncio.run(main())

@@ -97,7 +97,6 @@ async def _demo(prompts: int, sessions: int, seed: int, data_dir: Path, wait_s: 
     app = create_app(outbox, TokenTable({}, disabled=True))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     api_task = asyncio.create_task(server.serve())
-    worker = asyncio.create_task(outbox.run(hook, tick=0.2))
     started = time.monotonic()
     try:
         for _ in range(3000):  # uvicorn says when it listens; it takes milliseconds
@@ -105,20 +104,19 @@ async def _demo(prompts: int, sessions: int, seed: int, data_dir: Path, wait_s: 
                 break
             await asyncio.sleep(0.01)
         click.echo(f"API on http://127.0.0.1:{port}, agent on {agent.url}, Valkey {valkey.url}")
-        sending = asyncio.create_task(
-            _send_all(f"http://127.0.0.1:{port}", prompts, sessions, 0.2, rng)
-        )
-        with click.progressbar(length=prompts, label="delivered") as bar:
-            shown = 0
-            while agent.delivered() < prompts and time.monotonic() - started < wait_s:
-                await asyncio.sleep(0.1)
+        async with outbox.running(hook, tick=0.2):
+            sending = asyncio.create_task(
+                _send_all(f"http://127.0.0.1:{port}", prompts, sessions, 0.2, rng)
+            )
+            with click.progressbar(length=prompts, label="delivered") as bar:
+                shown = 0
+                while agent.delivered() < prompts and time.monotonic() - started < wait_s:
+                    await asyncio.sleep(0.1)
+                    bar.update(agent.delivered() - shown)
+                    shown = agent.delivered()
                 bar.update(agent.delivered() - shown)
-                shown = agent.delivered()
-            bar.update(agent.delivered() - shown)
-        log = await sending
+            log = await sending
     finally:
-        worker.cancel()
-        await asyncio.gather(worker, return_exceptions=True)
         server.should_exit = True
         await api_task
         await hook.aclose()

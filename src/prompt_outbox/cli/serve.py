@@ -53,21 +53,16 @@ def _on_signals(stop: asyncio.Event | _Server) -> None:
 @contextlib.asynccontextmanager
 async def delivering(outbox: Outbox, delivery: Delivery | None) -> AsyncIterator[None]:
     """Run the workers for the block; on the way out they finish what is in flight."""
-    worker = None
     if delivery is None:
         log.warning("no deliverer configured: prompts are accepted and wait in the outbox")
-    else:
-        outbox.set_verifier(delivery.verifier)
-        worker = asyncio.create_task(outbox.run(delivery.deliverer))
-    try:
         yield
+        return
+    outbox.set_verifier(delivery.verifier)
+    try:
+        async with outbox.running(delivery.deliverer):
+            yield
     finally:
-        if worker is not None:
-            worker.cancel()  # run() finishes in-flight deliveries before it returns
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker
-        if delivery is not None:
-            await delivery.aclose()
+        await delivery.aclose()
 
 
 async def run_api(outbox: Outbox, tokens: TokenTable, host: str, port: int) -> None:
