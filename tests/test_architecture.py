@@ -1,0 +1,49 @@
+"""The rules of the house that no linter checks: no module reaches into another's private
+names, and no module grows past what one reader holds in mind (the layers themselves are
+import-linter's job, in ``make lint``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "prompt_outbox"
+MAX_LINES = 450
+# Private by name, public by documentation: the standard library's own.
+ALLOWED = {("os", "_exit")}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    found = []
+    for path in _modules():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                found += [
+                    f"{path.name}:{node.lineno} imports {a.name}"
+                    for a in node.names
+                    if _private(a.name)
+                ]
+            elif isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = node.value
+                if isinstance(owner, ast.Name) and (
+                    owner.id in ("self", "cls") or (owner.id, node.attr) in ALLOWED
+                ):
+                    continue
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert not found, "private names used from outside their owner:\n" + "\n".join(found)
+
+
+def test_no_module_is_over_the_size_one_reader_holds() -> None:
+    sizes = {p.relative_to(PACKAGE): len(p.read_text().splitlines()) for p in _modules()}
+    assert len(sizes) > 30  # the walk found the package
+    too_big = {str(p): n for p, n in sizes.items() if n > MAX_LINES}
+    assert not too_big, too_big
