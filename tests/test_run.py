@@ -121,23 +121,6 @@ async def test_accept_through_another_client_wakes_the_loop(
     assert delivered_at[0] - accepted_at < 3.0
 
 
-async def test_cancel_mid_delivery_joins_and_leaves_no_task(outbox: Outbox) -> None:
-    delivered = HookLog()
-    outbox.set_on_delivered(delivered)
-    entry = await outbox.accept("ws", "s1", "u", "c1", "long turn")
-    agent = ScriptedAgent(delay=0.5)
-    before = asyncio.all_tasks()
-    run = asyncio.create_task(outbox.run(agent, tick=0.1))
-    await eventually(lambda: holds(bool(agent.calls)))
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await run
-    # run() returned only after the in-flight delivery finished under its own context.
-    assert delivered.ids == [entry.id]
-    assert await outbox.list("ws", "s1") == []
-    assert asyncio.all_tasks() == before
-
-
 async def test_run_finds_work_without_scanning_the_keyspace(
     outbox: Outbox, client: valkey_async.Valkey
 ) -> None:
@@ -257,31 +240,36 @@ async def test_works_with_a_decoding_client(valkey_server, client) -> None:  # t
     await decoding.aclose()
 
 
-async def test_running_block_exit_joins_the_delivery_in_flight(outbox: Outbox) -> None:
-    delivered = HookLog()
-    outbox.set_on_delivered(delivered)
-    entry = await outbox.accept("ws", "s1", "u", "c1", "long turn")
-    agent = ScriptedAgent(delay=0.5)
-    before = asyncio.all_tasks()
-    async with outbox.running(agent, tick=0.1):
+async def _stop_mid_send(outbox: Outbox, agent: ScriptedAgent, how: str) -> None:
+    """Start delivery, wait until the agent is mid-send, then stop delivery ``how``."""
+    if how == "cancel run()":
+        run = asyncio.create_task(outbox.run(agent, tick=0.1))
         await eventually(lambda: holds(bool(agent.calls)))
-    # The block ended mid-send: the send finished under its own context, nothing was left.
-    assert delivered.ids == [entry.id]
-    assert await outbox.list("ws", "s1") == []
-    assert asyncio.all_tasks() == before
-
-
-async def test_running_block_that_raises_still_joins_and_raises(outbox: Outbox) -> None:
-    delivered = HookLog()
-    outbox.set_on_delivered(delivered)
-    entry = await outbox.accept("ws", "s1", "u", "c1", "long turn")
-    agent = ScriptedAgent(delay=0.3)
-    before = asyncio.all_tasks()
-    with pytest.raises(LookupError, match="the caller's own error"):
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    elif how == "leave the running() block":
         async with outbox.running(agent, tick=0.1):
             await eventually(lambda: holds(bool(agent.calls)))
-            raise LookupError("the caller's own error")
+    else:
+        with pytest.raises(LookupError, match="the caller's own error"):
+            async with outbox.running(agent, tick=0.1):
+                await eventually(lambda: holds(bool(agent.calls)))
+                raise LookupError("the caller's own error")
+
+
+@pytest.mark.parametrize(
+    "how", ["cancel run()", "leave the running() block", "raise in the running() block"]
+)
+async def test_stopping_mid_delivery_joins_it_and_leaves_no_task(outbox: Outbox, how: str) -> None:
+    delivered = HookLog()
+    outbox.set_on_delivered(delivered)
+    entry = await outbox.accept("ws", "s1", "u", "c1", "long turn")
+    before = asyncio.all_tasks()
+    await _stop_mid_send(outbox, ScriptedAgent(delay=0.5), how)
+    # Stopping returned only after the in-flight send finished under its own context.
     assert delivered.ids == [entry.id]
+    assert await outbox.list("ws", "s1") == []
     assert asyncio.all_tasks() == before
 
 
