@@ -11,6 +11,7 @@ import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import (
+    LEDGER_STATE_LEDGERED,
     LEDGER_STATE_TURN_ENDED,
     Entry,
     Outbox,
@@ -292,3 +293,45 @@ async def test_seeded_go_entries_are_delivered_as_written(outbox: Outbox) -> Non
         await eventually(lambda: holds(len(agent.calls) == 2))
     assert [(e.id, e.model) for _, _, e in agent.calls] == [("go-1", "[]"), ("go-2", "[]")]
     assert await outbox.list("ws", "s1") == []
+
+
+async def test_a_cancel_during_running_shutdown_is_raised_not_swallowed(outbox: Outbox) -> None:
+    """Leaving running() waits for the send in flight; a cancel that lands meanwhile (a
+    timeout, a task group, shutdown) must still end the caller as cancelled, after the join."""
+    delivered = HookLog()
+    outbox.set_on_delivered(delivered)
+    entry = await outbox.accept("ws", "s1", "u", "c1", "long turn")
+    agent = ScriptedAgent(delay=0.5)
+
+    async def user() -> str:
+        async with outbox.running(agent, tick=0.1):
+            await eventually(lambda: holds(bool(agent.calls)))
+        await asyncio.sleep(10)  # past the block: a swallowed cancel would end up here
+        return "went on as if not cancelled"
+
+    task = asyncio.create_task(user())
+    await eventually(lambda: holds(bool(agent.calls)))
+    await asyncio.sleep(0.05)  # most likely inside the join by now (either way: cancelled)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert done and task.cancelled()
+    assert delivered.ids == [entry.id]  # the send finished under its own context first
+
+
+async def test_stopping_does_not_wait_for_the_whole_ledger_sweep(outbox: Outbox) -> None:
+    """Each ledger probe may take up to delivery_timeout: a stopping loop finishes the probe
+    in flight, then stops sweeping, instead of visiting every remaining session first."""
+    for i in range(5):
+        await outbox.accept("ws", f"s{i}", "u", "c1", "x")
+        assert await outbox.deliver_once("ws", f"s{i}", ScriptedAgent([ambiguous("cut")]))
+    probed: list[str] = []
+
+    async def slow_probe(ws: str, ses: str, entry_id: str, attempt: int) -> str:
+        probed.append(ses)
+        await asyncio.sleep(0.5)
+        return LEDGER_STATE_LEDGERED  # leaves the entry as it is
+
+    outbox.set_ledger_probe(slow_probe)
+    async with outbox.running(ScriptedAgent(), tick=0.05):
+        await eventually(lambda: holds(bool(probed)))
+    assert len(probed) == 1  # the sweep saw the loop stop before its next session

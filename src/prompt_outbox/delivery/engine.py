@@ -26,6 +26,7 @@ from ..core.timeutil import Clock, to_ms
 from ..storage.replies import Acquire, Claim, Replace, Write
 from ..storage.store import TRANSIENT_ERRORS, Store
 from .lease import kept, new_lock_value
+from .tasks import never
 
 log = logging.getLogger("prompt_outbox")
 T = TypeVar("T")
@@ -37,10 +38,6 @@ class Step(enum.Enum):
     ACTED = "acted"  # an attempt, a verification pass or a recovery; the lock is still held
     NONE = "none"  # nothing due; the lock is released
     BUSY = "busy"  # another holder has the session
-
-
-def _never() -> bool:
-    return False
 
 
 class Engine:
@@ -75,7 +72,7 @@ class Engine:
         deliverer: Deliverer,
         *,
         max_steps: int | None = None,
-        stopping: Callable[[], bool] = _never,
+        stopping: Callable[[], bool] = never,
     ) -> bool:
         """Step the session until nothing is due (or ``max_steps``, or ``stopping()``),
         keeping its lock between entries, then release it. True if any step acted."""

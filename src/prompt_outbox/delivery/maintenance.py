@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from ..core import machine
 from ..core.callbacks import LedgerProbe, Wiring
@@ -18,6 +19,7 @@ from ..core.metrics import Metrics
 from ..core.settings import Tunables
 from ..storage.store import Store
 from .engine import Engine
+from .tasks import never
 
 log = logging.getLogger("prompt_outbox.maintenance")
 
@@ -87,12 +89,16 @@ class Maintenance:
                 fired += 1
         return fired
 
-    async def sweep_ledger_everywhere(self) -> int:
-        """``sweep_ledger`` for every workspace that holds an error entry."""
+    async def sweep_ledger_everywhere(self, stopping: Callable[[], bool] = never) -> int:
+        """``sweep_ledger`` for every workspace that holds an error entry, until ``stopping()``
+        (each probe may take up to ``delivery_timeout``: a stopping loop must not wait for all)."""
+        if self.wiring.ledger_probe is None:
+            return 0
         total = 0
         async for found in self.store.all_sessions(with_errors=True):
-            if found.sessions:
-                total += await self._sweep_sessions(found.sessions)
+            total += await self._sweep_sessions(found.sessions, stopping)
+            if stopping():
+                break
         return total
 
     async def sweep_ledger(self, w: WorkspaceKeys) -> int:
@@ -102,14 +108,18 @@ class Maintenance:
         FAILED) re-arms it as pending; anything else, or a probe error, leaves it. Entries that
         failed definitively ``max_attempts`` times are not asked about. Returns how many settled.
         """
+        if self.wiring.ledger_probe is None:
+            return 0
         return await self._sweep_sessions(await self.store.sessions_of(w, with_errors=True))
 
-    async def _sweep_sessions(self, sessions: list[SessionKeys]) -> int:
-        probe = self.wiring.ledger_probe
-        if probe is None:
-            return 0
+    async def _sweep_sessions(
+        self, sessions: list[SessionKeys], stopping: Callable[[], bool] = never
+    ) -> int:
         total = 0
         for k in sessions:
+            probe = self.wiring.ledger_probe
+            if probe is None or stopping():
+                break
             total += await self._sweep_session(k, probe)
         return total
 

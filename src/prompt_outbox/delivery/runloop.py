@@ -98,8 +98,11 @@ class RunLoop:
     def raise_failure(self) -> None:
         """Re-raise what ended the loop, if a bug (not ``stop``) did."""
         loop = self._loop
-        if loop is not None and loop.done() and not loop.cancelled() and loop.exception():
-            raise loop.exception()  # type: ignore[misc]
+        failure = (
+            loop.exception() if loop is not None and loop.done() and not loop.cancelled() else None
+        )
+        if failure is not None:
+            raise failure
 
     async def stop(self) -> None:
         """Start nothing new, let every in-flight delivery finish, then return."""
@@ -127,7 +130,7 @@ class RunLoop:
                     and now - last_sweep >= t.parked_sweep_interval
                 ):
                     last_sweep = now
-                    self._start_pass("ledger sweep", self.maintenance.sweep_ledger_everywhere)
+                    self._start_pass("ledger sweep", self._ledger_sweep)
                 if (
                     self.wiring.on_delivered is not None
                     and now - last_notices >= t.hook_retry_after / 4
@@ -163,6 +166,9 @@ class RunLoop:
         if next_ms is None:
             return self.tick
         return min(self.tick, max(0.0, (next_ms - now_ms) / 1000))
+
+    async def _ledger_sweep(self) -> int:
+        return await self.maintenance.sweep_ledger_everywhere(lambda: self.stopping)
 
     def _on_finished(self, key: tuple[str, str]) -> Callable[[asyncio.Task[None]], None]:
         def finished(_task: asyncio.Task[None]) -> None:

@@ -9,6 +9,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def never() -> bool:
+    """The default ``stopping`` of a loop that runs until it is done."""
+    return False
+
+
 class Detached:
     """Tasks started here run to the end even if their starter is cancelled; the set keeps a
     reference to each (asyncio holds tasks weakly) until it is done."""
@@ -22,15 +27,16 @@ class Detached:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def __len__(self) -> int:
-        return len(self._tasks)
-
 
 async def join(tasks: Iterable[asyncio.Task[Any]]) -> None:
-    """Wait for every task, even if the caller is cancelled again meanwhile."""
+    """Wait for every task, even if the caller is cancelled meanwhile; a cancellation that
+    arrived while waiting is raised once they are all done, never swallowed."""
     pending = {t for t in tasks if not t.done()}
+    cancelled = False
     while pending:
         try:
             _, pending = await asyncio.wait(pending)
         except asyncio.CancelledError:
-            continue
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
