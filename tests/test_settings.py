@@ -82,10 +82,15 @@ def test_followers_follow_unless_set() -> None:
         ({"lease_ttl": 800.0}, "Tunables.lease_ttl (800.0) must not exceed lock_ttl"),
         ({"delivery_timeout": 1.0, "lock_ttl": 2.0, "lease_ttl": 3.0}, "Tunables.lease_ttl"),
         ({"hook_retry_after": 5.0}, "Tunables.hook_retry_after (5.0) must exceed"),
-        ({"cap": 0}, "Tunables.cap must be a positive number"),
-        ({"max_attempts": 2.5}, "Tunables.max_attempts must be a whole number"),
-        ({"retry_backoff": -1.0}, "Tunables.retry_backoff must be a positive number"),
-        ({"concurrency": True}, "Tunables.concurrency must be a positive number"),
+        ({"cap": 0}, "Tunables.cap must be a whole number >= 1, got 0"),
+        ({"max_attempts": 2.5}, "Tunables.max_attempts must be a whole number >= 1"),
+        ({"retry_backoff": -1.0}, "Tunables.retry_backoff must be at least 0.001 s"),
+        ({"concurrency": True}, "Tunables.concurrency must be a number, got True"),
+        ({"lease_ttl": False}, "Tunables.lease_ttl must be a number, got False"),
+        ({"lock_ttl": float("nan")}, "Tunables.lock_ttl must be finite, got nan"),
+        ({"dedupe_ttl": float("inf")}, "Tunables.dedupe_ttl must be finite, got inf"),
+        # A Valkey TTL is whole milliseconds: a shorter lease would be PX 0, refused by Valkey.
+        ({"delivery_timeout": 0.0001, "lock_ttl": 0.0002}, "Tunables.delivery_timeout must be"),
     ],
 )
 def test_a_bad_value_the_caller_set_is_refused_by_name(
@@ -95,6 +100,13 @@ def test_a_bad_value_the_caller_set_is_refused_by_name(
         Tunables(**knobs)  # type: ignore[arg-type]
 
 
+def test_a_derived_value_stays_derived() -> None:
+    # Read from one Tunables and handed to another, a derived lock_ttl is derived again there
+    # (what lets dataclasses.replace change delivery_timeout without a stale lock_ttl).
+    assert Tunables(delivery_timeout=1.0, lock_ttl=Tunables().lock_ttl).lock_ttl == 121.0
+    assert Tunables(delivery_timeout=1.0, lock_ttl=720.0).lock_ttl == 720.0
+
+
 def test_tunables_from_json() -> None:
     t = tunables_from_json(json.dumps({"delivery_timeout": 2.0, "lock_ttl": 3.0}))
     assert t == Tunables(delivery_timeout=2.0, lock_ttl=3.0)
@@ -102,3 +114,5 @@ def test_tunables_from_json() -> None:
         tunables_from_json('{"nope": 1}')
     with pytest.raises(ValueError, match="JSON object"):
         tunables_from_json("[1]")
+    with pytest.raises(ValueError, match="finite"):
+        tunables_from_json('{"dedupe_ttl": NaN}')

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 
 _MINUTE = 60.0
 _HOUR = 60 * _MINUTE
 _DEFAULT_LEASE = 30.0
+_SMALLEST = 0.001  # seconds: one millisecond, the resolution of a Valkey TTL
 
 
 class _Derived(float):
@@ -27,9 +29,11 @@ class Tunables:
     ``bookkeeping_timeout``. ``lock_ttl`` is the hard ceiling on one hold. ``event_log_len`` /
     ``event_log_ttl`` bound each session's event log (``Outbox.watch``).
 
-    Every combination of the seed's knobs that the seed allows constructs (positive values,
-    ``lock_ttl > delivery_timeout``); a value the caller set that breaks a rule is refused with
-    a ValueError naming that field.
+    Every combination of the seed's knobs that the seed allows constructs (counts >= 1,
+    durations of at least a millisecond, ``lock_ttl > delivery_timeout``); a value the caller
+    set that breaks a rule is refused with a ValueError naming that field. A derived value
+    stays derived: handed to another Tunables (``dataclasses.replace`` does), it is derived
+    again from that one's fields.
     """
 
     max_attempts: int = 5
@@ -57,6 +61,13 @@ class Tunables:
     event_log_ttl: float = 24 * _HOUR
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"Tunables.{f.name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"Tunables.{f.name} must be finite, got {value!r}")
+
         def derive(name: str, value: float) -> None:
             current = getattr(self, name)
             if current == 0 or isinstance(current, _Derived):
@@ -69,10 +80,14 @@ class Tunables:
         derive("hook_retry_after", 2 * self.bookkeeping_timeout)
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"Tunables.{f.name} must be a positive number, got {value!r}")
-            if f.type == "int" and not isinstance(value, int):
-                raise ValueError(f"Tunables.{f.name} must be a whole number, got {value!r}")
+            if f.type == "int":
+                if not isinstance(value, int) or value < 1:
+                    raise ValueError(
+                        f"Tunables.{f.name} must be a whole number >= 1, got {value!r}"
+                    )
+            elif value < _SMALLEST:
+                # Valkey's TTLs are whole milliseconds: a shorter lease would be PX 0.
+                raise ValueError(f"Tunables.{f.name} must be at least 0.001 s, got {value!r}")
         if self.lock_ttl <= self.delivery_timeout:
             raise ValueError(
                 f"Tunables.lock_ttl ({self.lock_ttl}) must exceed delivery_timeout "
