@@ -19,7 +19,7 @@ from prompt_outbox import (
     transient,
 )
 from prompt_outbox.core.keys import session_keys
-from prompt_outbox.storage.replies import Acquire, Claim
+from prompt_outbox.storage.replies import Acquire, Claim, Lock, Replace, ReplyError, parse
 from prompt_outbox.storage.store import Store
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied
 from tests.conftest import FAST, ManualClock, eventually, holds
@@ -347,3 +347,16 @@ async def test_an_owed_hook_is_taken_by_one_worker_at_a_time(client: valkey_asyn
     assert await store.take_notices(w, 6000, 5000, 10) == [("s1", "e1", '{"id":"e1"}')]
     assert await store.notified(w, "s1", "e1")
     assert await store.take_notices(w, 99_999, 5000, 10) == []
+
+
+async def test_a_reply_word_a_script_does_not_list_is_an_error(client: valkey_async.Valkey) -> None:
+    """One reply convention, checked per script: a word outside a script's own set (or a
+    reply that is not {word, ...}) raises, never passes as a default."""
+    assert parse(Lock, [b"busy"]) == (Lock.BUSY, [])
+    assert parse(Replace, ["ok", 2]) == (Replace.OK, [2])
+    with pytest.raises(ReplyError, match="Lock has no reply 'lost'"):
+        parse(Lock, [b"lost"])
+    with pytest.raises(ReplyError):
+        parse(Claim, 1)
+    with pytest.raises(ReplyError):
+        parse(Claim, [])

@@ -40,7 +40,8 @@ class _Edit(enum.IntEnum):
 
 
 class Admin:
-    """The operator actions of one Outbox."""
+    """The operator actions of one Outbox; each is documented on the ``Outbox`` method that
+    exposes it."""
 
     def __init__(
         self, store: Store, engine: Engine, maintenance: Maintenance, metrics: Metrics
@@ -51,8 +52,7 @@ class Admin:
         self.metrics = metrics
 
     async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
-        """Clear an error entry back to pending. BUSY while the session lock is held;
-        NOT_FOUND when the session has no error entry with that ID."""
+        """``Outbox.retry``."""
 
         def pick(snap: Snapshot) -> tuple[str, str] | None:
             raw = _find(snap.queue, entry_id)
@@ -67,7 +67,7 @@ class Admin:
         return result
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
-        """Remove an entry by ID. BUSY while the session lock is held; NOT_FOUND if absent."""
+        """``Outbox.dismiss``."""
 
         def pick(snap: Snapshot) -> tuple[str, str] | None:
             raw = _find((*snap.staging, *snap.queue), entry_id)
@@ -79,8 +79,7 @@ class Admin:
         )
 
     async def park_workspace(self, workspace_id: str, reason: str) -> int:
-        """Park every pending / verifying entry of the workspace with ``reason``. Busy sessions
-        (a delivery in flight) are skipped and logged; calling again catches them."""
+        """``Outbox.park_workspace``."""
         check_reason(reason)
 
         def edit(e: Entry) -> Entry | None:
@@ -94,7 +93,7 @@ class Admin:
         return n
 
     async def unpark_workspace(self, workspace_id: str) -> int:
-        """Re-arm every parked entry of the workspace (pending, or verifying if it was)."""
+        """``Outbox.unpark_workspace``."""
 
         def edit(e: Entry) -> Entry | None:
             return machine.unparked(e) if e.status is Status.PARKED else None
@@ -102,7 +101,7 @@ class Admin:
         return await self._edit_workspace(workspace_keys(workspace_id), "unpark", edit)
 
     async def sweep_workspace_unverifiable(self, workspace_id: str) -> int:
-        """Re-arm unverifiable error entries as verifying, due now, with a fresh verify budget."""
+        """``Outbox.sweep_workspace_unverifiable``."""
 
         def edit(e: Entry) -> Entry | None:
             return machine.rearmed_for_verification(e) if machine.is_unverifiable(e) else None
@@ -110,16 +109,15 @@ class Admin:
         return await self._edit_workspace(workspace_keys(workspace_id), "sweep", edit)
 
     async def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
-        """Settle the workspace's error entries against the ledger probe (see
-        ``Maintenance.sweep_ledger``). Returns how many settled."""
+        """``Outbox.sweep_workspace_parked_errors`` (``Maintenance.sweep_ledger``)."""
         return await self.maintenance.sweep_ledger(workspace_keys(workspace_id))
 
     async def cleanup_workspace(self, workspace_id: str) -> int:
-        """Delete every outbox key of the workspace; returns how many. Idempotent."""
+        """``Outbox.cleanup_workspace``."""
         return await self.store.cleanup_workspace(workspace_keys(workspace_id))
 
     async def count_by_workspace(self) -> dict[str, dict[str, int]]:
-        """Entries per status, per registered workspace: one pipelined read per workspace."""
+        """``Outbox.count_by_workspace``: one pipelined read per workspace, O(entries)."""
         out: dict[str, dict[str, int]] = {}
         async for found in self.store.all_sessions():
             counts = out.setdefault(found.workspace.ws, {})
@@ -130,7 +128,7 @@ class Admin:
         return out
 
     async def count_by_status(self) -> dict[str, int]:
-        """Entries per status across every workspace (the metrics gauge)."""
+        """``Outbox.count_by_status``."""
         total: dict[str, int] = {}
         for counts in (await self.count_by_workspace()).values():
             for status, n in counts.items():

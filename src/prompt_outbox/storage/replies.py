@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..core.events import EventLogState
 
@@ -107,29 +107,45 @@ class Replace(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Requeued:
-    """requeue.lua's answer: how many staged entries went back to the queue."""
+class Counted(Generic[E]):
+    """requeue.lua / replace.lua: the outcome, and how many entries it moved (if OK)."""
 
-    outcome: Requeue
+    outcome: E
     count: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Replaced:
-    """replace.lua's answer: how many (old, new) pairs were applied."""
+class Held(enum.Enum):
+    """renew.lua and release.lua: whether the caller held the lock."""
 
-    outcome: Replace
-    count: int = 0
+    OK = "ok"
+    LOST = "lost"
 
 
-class Done(enum.Enum):
-    """The yes / no scripts (renew, release, lock, notified, prune_workspace): OK or why not."""
+class Lock(enum.Enum):
+    """lock.lua."""
 
     OK = "ok"
     BUSY = "busy"
-    LOST = "lost"
+
+
+class Forgot(enum.Enum):
+    """notified.lua: whether the owed-hook record was there."""
+
+    OK = "ok"
     GONE = "gone"
-    CHANGED = "changed"
+
+
+class Pruned(enum.Enum):
+    """prune_workspace.lua."""
+
+    OK = "ok"
+    CHANGED = "changed"  # an accept touched the workspace since its score was read
+
+
+class Ok(enum.Enum):
+    """The scripts whose only word is ok (snapshot, seed, repair, take_notices)."""
+
+    OK = "ok"
 
 
 @dataclass(frozen=True, slots=True)

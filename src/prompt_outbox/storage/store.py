@@ -26,11 +26,14 @@ from .replies import (
     Acquire,
     Acquired,
     Claim,
-    Done,
+    Counted,
+    Forgot,
+    Held,
+    Lock,
+    Ok,
+    Pruned,
     Replace,
-    Replaced,
     Requeue,
-    Requeued,
     Snapshot,
     Write,
     parse,
@@ -76,9 +79,16 @@ class Store:
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[name](keys=list(keys), args=list(args))
 
-    async def _done(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> bool:
-        word, _ = parse(Done, await self._run(name, keys, args))
-        return word is Done.OK
+    async def _ok(
+        self,
+        kind: type[Held | Lock | Forgot | Pruned],
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+    ) -> bool:
+        """A yes / no script: True for its OK word (any word its enum lacks raises)."""
+        word, _ = parse(kind, await self._run(name, keys, args))
+        return word.name == "OK"
 
     async def _registered_eval(
         self, ws: str, now_ms: int, name: str, keys: Sequence[str], args: Sequence[Any]
@@ -156,35 +166,35 @@ class Store:
 
     async def requeue(
         self, k: SessionKeys, lockval: str, now_ms: int, staged: Sequence[str], new: Sequence[str]
-    ) -> Requeued:
+    ) -> Counted[Requeue]:
         """Recover the exact staging read, as ``new`` (requeue.lua)."""
         args = [k.ses, lockval, now_ms, len(staged), *staged, *new]
         outcome, rest = parse(Requeue, await self._run("requeue", k.script_keys(), args))
-        return Requeued(outcome, int(rest[0]) if rest else 0)
+        return Counted(outcome, int(rest[0]) if rest else 0)
 
     async def replace(
         self, k: SessionKeys, lockval: str, now_ms: int, pairs: Sequence[tuple[str, str]]
-    ) -> Replaced:
+    ) -> Counted[Replace]:
         """Compare-and-swap whole entry strings; a new '' removes (replace.lua)."""
         args = [k.ses, lockval, now_ms, *(s for pair in pairs for s in pair)]
         outcome, rest = parse(Replace, await self._run("replace", k.script_keys(), args))
-        return Replaced(outcome, int(rest[0]) if rest else 0)
+        return Counted(outcome, int(rest[0]) if rest else 0)
 
     async def renew(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
         """Extend the caller's lease; False once it is lost (renew.lua)."""
-        return await self._done("renew", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
+        return await self._ok(Held, "renew", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
 
     async def release(self, k: SessionKeys, lockval: str, now_ms: int) -> bool:
         """Compare-and-delete the lock; False if it was not the caller's (release.lua)."""
-        return await self._done("release", k.script_keys(), [k.ses, lockval, now_ms])
+        return await self._ok(Held, "release", k.script_keys(), [k.ses, lockval, now_ms])
 
     async def lock(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
         """Take the lock unless another holder has it (lock.lua)."""
-        return await self._done("lock", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
+        return await self._ok(Lock, "lock", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
 
     async def notified(self, w: WorkspaceKeys, ses: str, entry_id: str) -> bool:
         """The owed OnDelivered call ran: forget it (notified.lua)."""
-        return await self._done("notified", [w.notices, w.notices_due], [f"{ses}:{entry_id}"])
+        return await self._ok(Forgot, "notified", [w.notices, w.notices_due], [f"{ses}:{entry_id}"])
 
     async def take_notices(
         self, w: WorkspaceKeys, now_ms: int, grace_ms: int, limit: int
@@ -192,7 +202,7 @@ class Store:
         """Owed OnDelivered calls overdue (their worker died): (ses, entry_id, entry JSON)
         each, taken for ``grace_ms`` so no other worker takes them meanwhile."""
         keys = [w.notices, w.notices_due]
-        _, flat = parse(Done, await self._run("take_notices", keys, [now_ms, grace_ms, limit]))
+        _, flat = parse(Ok, await self._run("take_notices", keys, [now_ms, grace_ms, limit]))
         out = []
         for member, entry in zip(flat[::2], flat[1::2], strict=True):
             ses, _, entry_id = text(member).partition(":")
@@ -204,17 +214,17 @@ class Store:
         reply = await self._registered_eval(
             k.ws, now_ms, "seed", k.script_keys(), [k.ses, raw, now_ms]
         )
-        parse(Done, reply)
+        parse(Ok, reply)
 
     async def repair(self, k: SessionKeys, now_ms: int) -> None:
         """Re-derive one session's index entries from its lists (the slow safety net)."""
-        parse(Done, await self._run("repair", k.script_keys(), [k.ses, now_ms]))
+        parse(Ok, await self._run("repair", k.script_keys(), [k.ses, now_ms]))
 
     # -- reads -----------------------------------------------------------------------------
 
     async def snapshot(self, k: SessionKeys) -> Snapshot:
         """The session and its event log's state, in one consistent read (snapshot.lua)."""
-        _, payload = parse(Done, await self._run("snapshot", k.script_keys(), []))
+        _, payload = parse(Ok, await self._run("snapshot", k.script_keys(), []))
         return replies.snapshot(payload)
 
     async def read_events(
@@ -294,7 +304,7 @@ class Store:
         owed: int = await self.client.hlen(w.notices)  # type: ignore[misc]
         if sessions or owed:
             return False
-        return await self._done("prune_workspace", [WORKSPACES], [w.ws, score_ms])
+        return await self._ok(Pruned, "prune_workspace", [WORKSPACES], [w.ws, score_ms])
 
     async def cleanup_workspace(self, w: WorkspaceKeys) -> int:
         """Delete every key of the workspace (found by pattern: an admin action, not a tick)."""
