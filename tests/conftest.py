@@ -9,10 +9,13 @@ from typing import TypeVar
 
 import httpx
 import pytest
-import valkey.asyncio as valkey_async
+from valkey.asyncio.cluster import ValkeyCluster
 
 from prompt_outbox import Outbox, Tunables
 from prompt_outbox.embedded import EmbeddedValkey
+from prompt_outbox.storage.connect import connect
+from prompt_outbox.storage.store import Client
+from tests.cluster import LocalCluster
 
 T = TypeVar("T")
 
@@ -55,12 +58,62 @@ def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded
         yield server
 
 
+@pytest.fixture(scope="session")
+def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One real 3-master cluster for the whole run (~2 s to cluster_state:ok), started only
+    if a test asks for it; every test flushes it."""
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Modules marked ``cluster_too`` run every test on the standalone server and again on
+    the 3-master cluster: the same tests, parametrised, never copied."""
+    if "server_kind" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "cluster_too"
+    ):
+        metafunc.parametrize("server_kind", ["standalone", "cluster"], indirect=True)
+
+
 @pytest.fixture
-async def client(valkey_server: EmbeddedValkey) -> AsyncIterator[valkey_async.Valkey]:
-    c = valkey_async.Valkey.from_url(valkey_server.url, socket_timeout=5)
-    await c.flushall()
-    yield c
-    await c.aclose()
+def server_kind(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "standalone"))
+
+
+@pytest.fixture
+def server_url(server_kind: str, request: pytest.FixtureRequest) -> str:
+    """The URL of the server kind under test (``valkey+cluster://`` for the cluster)."""
+    if server_kind == "cluster":
+        cluster: LocalCluster = request.getfixturevalue("valkey_cluster")
+        return cluster.url
+    server: EmbeddedValkey = request.getfixturevalue("valkey_server")
+    return server.url
+
+
+@pytest.fixture
+async def connect_client(server_url: str) -> AsyncIterator[Callable[..., Client]]:
+    """Make more clients of the server under test (another replica's, a decoding one...);
+    each is closed after the test."""
+    made: list[Client] = []
+
+    def make(**options: object) -> Client:
+        made.append(connect(server_url, **{"socket_timeout": 5, **options}))
+        return made[-1]
+
+    yield make
+    for c in made:
+        await c.aclose()
+
+
+@pytest.fixture
+async def client(connect_client: Callable[..., Client]) -> Client:
+    """A flushed client of the server kind under test (standalone unless ``cluster_too``)."""
+    c = connect_client()
+    if isinstance(c, ValkeyCluster):
+        await c.flushall(target_nodes=ValkeyCluster.PRIMARIES)
+    else:
+        await c.flushall()
+    return c
 
 
 @pytest.fixture
@@ -69,12 +122,12 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def outbox(client: valkey_async.Valkey) -> Outbox:
+def outbox(client: Client) -> Outbox:
     return Outbox(client, FAST)
 
 
 @pytest.fixture
-def manual_outbox(client: valkey_async.Valkey, clock: ManualClock) -> Outbox:
+def manual_outbox(client: Client, clock: ManualClock) -> Outbox:
     return Outbox(client, FAST, clock=clock)
 
 

@@ -13,9 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-import valkey.asyncio as valkey_async
-
 from prompt_outbox import Entry, Outbox
+from prompt_outbox.storage.connect import connect
 from tests.conftest import FAST
 
 
@@ -30,7 +29,7 @@ async def main(url: str, agent_dir: Path, hang: bool) -> None:
         if hang:
             await asyncio.sleep(3600)
 
-    client = valkey_async.Valkey.from_url(url, socket_timeout=5)
+    client = connect(url, socket_timeout=5)
     await Outbox(client, FAST).run(deliver, tick=0.05)
 
 

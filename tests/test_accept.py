@@ -21,6 +21,8 @@ from prompt_outbox.core.keys import SessionKeys
 from tests.conftest import FAST
 from tests.test_entry import MODELS
 
+pytestmark = pytest.mark.cluster_too
+
 
 async def test_accept_then_list_in_fifo_order(outbox: Outbox) -> None:
     ids = [(await outbox.accept("ws", "s1", "u", f"c{i}", f"prompt {i}")).id for i in range(5)]

@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Entry, Outbox, Status, Verdict
@@ -17,6 +18,8 @@ from prompt_outbox.core.keys import SessionKeys
 from prompt_outbox.embedded import EmbeddedValkey
 from tests.agents import HookLog, ScriptedAgent
 from tests.conftest import FAST, eventually, holds
+
+pytestmark = pytest.mark.cluster_too
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,12 +61,12 @@ async def killed_mid_delivery(
 
 
 async def test_killed_worker_entry_is_recovered_as_verifying_at_the_head(
-    valkey_server,
+    server_url: str,
     client: valkey_async.Valkey,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     outbox = Outbox(client, FAST)
-    async with killed_mid_delivery(valkey_server.url, outbox, tmp_path) as ids:
+    async with killed_mid_delivery(server_url, outbox, tmp_path) as ids:
         listed = await outbox.list("ws", "s1")
         assert [e.id for e in listed] == ids  # nothing lost
         assert listed[0].status is Status.DELIVERING  # stuck in staging
@@ -92,7 +95,7 @@ async def _lock_gone(client: valkey_async.Valkey) -> bool:
 
 
 async def test_a_living_replica_takes_over_when_the_lease_lapses(
-    valkey_server,
+    server_url: str,
     client: valkey_async.Valkey,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
@@ -102,7 +105,7 @@ async def test_a_living_replica_takes_over_when_the_lease_lapses(
     outbox.set_on_delivered(delivered)
     ids = [(await outbox.accept("ws", "s1", "u", f"c{i}", f"p{i}")).id for i in range(2)]
     agent = ScriptedAgent()
-    with worker_process(valkey_server.url, tmp_path, hang=True) as proc:
+    with worker_process(server_url, tmp_path, hang=True) as proc:
         await eventually(lambda: holds(bool(transcript(tmp_path))), within=20)
         async with outbox.running(agent, tick=0.05):
             await asyncio.sleep(0.3)
@@ -117,13 +120,13 @@ async def test_a_living_replica_takes_over_when_the_lease_lapses(
 
 
 async def test_worker_that_completes_normally_leaves_nothing_staged(
-    valkey_server,
+    server_url: str,
     client: valkey_async.Valkey,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     outbox = Outbox(client, FAST)
     ids = [(await outbox.accept("ws", "s1", "u", f"c{i}", f"p{i}")).id for i in range(3)]
-    with worker_process(valkey_server.url, tmp_path, hang=False):
+    with worker_process(server_url, tmp_path, hang=False):
         await eventually(lambda: _empty(outbox), within=20)
     assert transcript(tmp_path) == ids
 

@@ -24,6 +24,8 @@ from prompt_outbox.storage.store import Store
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied
 from tests.conftest import FAST, ManualClock, eventually, holds
 
+pytestmark = pytest.mark.cluster_too
+
 WS, SES = "ws", "s1"
 
 

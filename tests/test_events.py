@@ -15,6 +15,8 @@ from prompt_outbox.core.keys import session_keys
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, ManualClock
 
+pytestmark = pytest.mark.cluster_too
+
 WS, SES = "ws", "s1"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -26,8 +26,11 @@ from prompt_outbox import (
     ambiguous,
 )
 from prompt_outbox.core.keys import SessionKeys
+from prompt_outbox.storage.store import Client
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied, dying_agent
 from tests.conftest import FAST, ManualClock, eventually
+
+pytestmark = pytest.mark.cluster_too
 
 WS, SES = "ws", "s1"
 
@@ -378,14 +381,14 @@ async def test_cleanup_deletes_every_key_of_the_workspace_only(
 
 @pytest.mark.parametrize("first", ["sync", "verified"])
 async def test_sync_and_verified_completers_fire_on_delivered_once(
-    valkey_server,
-    client: valkey_async.Valkey,
-    first: str,  # type: ignore[no-untyped-def]
+    connect_client: Callable[..., Client],
+    client: Client,
+    first: str,
 ) -> None:
     # Replica A's send stalls past its lease; replica B recovers the entry and verifies it
     # delivered; A's send returns 2xx before or after that. Exactly one of them fires.
     t = replace(FAST, lease_ttl=0.3)
-    other = valkey_async.Valkey.from_url(valkey_server.url)
+    other = connect_client()
     b_clock = ManualClock()
     a, b = Outbox(client, t), Outbox(other, t, clock=b_clock)
     fired = HookLog()
@@ -417,7 +420,6 @@ async def test_sync_and_verified_completers_fire_on_delivered_once(
         assert await a_task  # A's 2xx claims nothing: it must not fire again
     assert fired.ids == [entry.id]
     assert await a.list(WS, SES) == []
-    await other.aclose()
 
 
 async def _staged(client: valkey_async.Valkey, k: SessionKeys) -> bool:

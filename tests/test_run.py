@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -18,8 +19,11 @@ from prompt_outbox import (
     Status,
     ambiguous,
 )
+from prompt_outbox.storage.store import Client
 from tests.agents import HookLog, ScriptedAgent
 from tests.conftest import FAST, eventually, holds
+
+pytestmark = pytest.mark.cluster_too
 
 
 class InFlightTracker:
@@ -42,10 +46,9 @@ class InFlightTracker:
 
 
 async def test_two_replicas_keep_one_in_flight_per_session_in_order(
-    valkey_server,
-    client: valkey_async.Valkey,  # type: ignore[no-untyped-def]
+    connect_client: Callable[..., Client], client: Client
 ) -> None:
-    other_client = valkey_async.Valkey.from_url(valkey_server.url)
+    other_client = connect_client()
     a, b = Outbox(client, FAST), Outbox(other_client, FAST)
     delivered: list[str] = []
     hook = HookLog(on_call=lambda e: delivered.append(e.id))
@@ -59,7 +62,6 @@ async def test_two_replicas_keep_one_in_flight_per_session_in_order(
             accepted.append((await a.accept("ws", ses, "u", f"{ses}-{n}", f"{ses} #{n}")).id)
     async with a.running(tracker), b.running(tracker):
         await eventually(lambda: holds(len(delivered) == len(accepted)), within=20)
-    await other_client.aclose()
     assert sorted(delivered) == sorted(accepted)  # each OnDelivered exactly once
     for ses in sessions:
         assert tracker.max_in_flight[ses] == 1
@@ -101,8 +103,7 @@ async def test_accept_wakes_an_idle_loop_long_before_the_tick(outbox: Outbox) ->
 
 
 async def test_accept_through_another_client_wakes_the_loop(
-    valkey_server,
-    outbox: Outbox,  # type: ignore[no-untyped-def]
+    connect_client: Callable[..., Client], outbox: Outbox
 ) -> None:
     # The wake-up travels through Valkey pub/sub, so an API replica wakes a worker replica.
     loop = asyncio.get_running_loop()
@@ -111,14 +112,13 @@ async def test_accept_through_another_client_wakes_the_loop(
     async def deliver(ws: str, ses: str, entry: Entry) -> None:
         delivered_at.append(loop.time())
 
-    api_client = valkey_async.Valkey.from_url(valkey_server.url)
+    api_client = connect_client()
     api = Outbox(api_client, FAST)
     async with outbox.running(deliver, tick=30.0):
         await asyncio.sleep(0.3)
         accepted_at = loop.time()
         await api.accept("ws", "s1", "u", "c1", "from the API replica")
         await eventually(lambda: holds(bool(delivered_at)), within=10)
-    await api_client.aclose()
     assert delivered_at[0] - accepted_at < 3.0
 
 
@@ -228,8 +228,10 @@ async def _not_registered(client: valkey_async.Valkey, ws: str) -> bool:
     return await client.zscore(WORKSPACES, ws) is None
 
 
-async def test_works_with_a_decoding_client(valkey_server, client) -> None:  # type: ignore[no-untyped-def]
-    decoding = valkey_async.Valkey.from_url(valkey_server.url, decode_responses=True)
+async def test_works_with_a_decoding_client(
+    connect_client: Callable[..., Client], client: Client
+) -> None:
+    decoding = connect_client(decode_responses=True)
     outbox = Outbox(decoding, FAST)
     delivered = HookLog()
     outbox.set_on_delivered(delivered)
@@ -238,7 +240,6 @@ async def test_works_with_a_decoding_client(valkey_server, client) -> None:  # t
     async with outbox.running(ScriptedAgent(), tick=0.05):
         await eventually(lambda: holds(delivered.ids == [entry.id]))
     assert await outbox.recover() == 0
-    await decoding.aclose()
 
 
 async def _stop_mid_send(outbox: Outbox, agent: ScriptedAgent, how: str) -> None:

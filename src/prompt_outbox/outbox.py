@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import datetime
 
-from valkey.asyncio import Valkey
-
 from .admin import Admin
 from .core.callbacks import (
     Deliverer,
@@ -37,7 +35,7 @@ from .delivery.maintenance import Maintenance
 from .delivery.runloop import RunLoop, Wakeups
 from .delivery.tasks import Detached
 from .storage.replies import Accept, Snapshot
-from .storage.store import Store
+from .storage.store import Client, Store
 
 
 def _new_id(now: datetime) -> str:
@@ -48,12 +46,13 @@ def _new_id(now: datetime) -> str:
 class Outbox:
     """A durable per-session outbox of prompts on Valkey. Safe for concurrent use.
 
-    ``client`` is a ``valkey.asyncio.Valkey``, borrowed: the caller owns its lifecycle.
+    ``client`` is a ``valkey.asyncio.Valkey`` or a ``valkey.asyncio.cluster.ValkeyCluster``,
+    borrowed: the caller owns its lifecycle.
     ``clock`` returns the current aware UTC time (tests pass a controllable one).
     """
 
     def __init__(
-        self, client: Valkey, tunables: Tunables | None = None, *, clock: Clock | None = None
+        self, client: Client, tunables: Tunables | None = None, *, clock: Clock | None = None
     ) -> None:
         self.tunables = tunables or Tunables()
         t = self.tunables

