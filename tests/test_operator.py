@@ -424,3 +424,15 @@ async def test_sync_and_verified_completers_fire_on_delivered_once(
 
 async def _staged(client: valkey_async.Valkey, k: SessionKeys) -> bool:
     return bool(await client.llen(k.staging))
+
+
+async def test_counts_and_recovery_cover_every_workspace_on_every_shard(outbox: Outbox) -> None:
+    # Twelve workspaces hash to slots all over a cluster's three primaries.
+    workspaces = [f"tenant-{i}" for i in range(12)]
+    for ws in workspaces:
+        await outbox.accept(ws, SES, "u", "c1", "x")
+    assert await outbox.count_by_status() == {"pending": 12}
+    assert sorted(await outbox.count_by_workspace()) == sorted(workspaces)
+    assert await outbox.recover() == 0
+    assert sum([await outbox.park_workspace(ws, "hold") for ws in workspaces]) == 12
+    assert await outbox.count_by_status() == {"parked": 12}

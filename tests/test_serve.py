@@ -3,6 +3,7 @@ the same data dir, and every accepted prompt is still there and gets delivered."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from prompt_outbox.embedded import EmbeddedValkey, free_port
+from tests.cluster import LocalCluster
 from tests.test_webhook import SECRET, receiver
 
 BIN = str(Path(sys.executable).parent / "prompt-outbox")
@@ -96,3 +98,38 @@ def test_tokens_are_required_unless_auth_is_disabled(tmp_path: Path) -> None:
         [BIN, "serve", "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=30
     )
     assert r.returncode == 2 and "--tokens" in r.stderr
+
+
+def test_serve_and_a_worker_on_a_cluster_url_deliver_in_order(
+    valkey_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Every command takes a cluster URL: serve (API only) accepts into a 3-master cluster, a
+    separate worker process delivers, and the operator CLI reads the same cluster."""
+    port = free_port()
+    cluster = ["--valkey-url", valkey_cluster.url]
+    url = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions/chat-1/prompts"
+    with receiver() as agent, service([*cluster, "--no-auth", "--port", str(port)]):
+        wait_healthy(port)
+        ids = []
+        for i in range(5):
+            r = httpx.post(url, json={"clientMessageID": f"m{i}", "text": f"prompt {i}"})
+            assert r.status_code == 202, r.text
+            ids.append(r.json()["id"])
+        stats = subprocess.run(
+            [BIN, "stats", "--json", *cluster], capture_output=True, text=True, timeout=30
+        )
+        assert json.loads(stats.stdout)["acme"] == {"pending": 5}, stats.stderr
+        worker = subprocess.Popen(
+            [BIN, "worker", *cluster, "--webhook-url", agent.url],
+            env={**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()},
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while sorted(agent.ids()) != sorted(ids):
+                assert time.monotonic() < deadline, f"delivered {agent.ids()} of {ids}"
+                time.sleep(0.05)
+            assert agent.ids() == ids  # in order, once each
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=30) == 0
