@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all chaos lint demo clean
+.PHONY: install test test-all chaos bench lint demo clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -30,6 +30,11 @@ test-all: lint
 # the model-based test and schemathesis at their long budgets. Tables also in chaos-report.txt.
 chaos: $(STAMP)
 	CHAOS_REPORT=chaos-report.txt $(BIN)/pytest -q -m '' tests/chaos
+
+# The scale benchmark (~5 min): idle cost, accept -> delivery start, open SSE streams.
+# Figures go to the terminal and bench-report.md; docs/performance.md keeps the latest.
+bench: $(STAMP)
+	$(BIN)/python -m bench.scale --out bench-report.md
 
 demo: $(STAMP)
 	$(BIN)/prompt-outbox demo

@@ -1,0 +1,255 @@
+"""The scale benchmark: what idle tenants and open event streams cost, on the bundled server.
+
+    .venv/bin/python -m bench.scale [--workspaces 10000] [--streams 1000] [--out FILE]
+
+It measures the rows of issue 10's table on one machine, in one run, so each figure can be
+read against the others (never as an absolute: these machines are shared and noisy):
+
+- Valkey commands per second of an idle ``run()`` (tick 1 s), with 10 and with N workspaces
+  that each hold one session with one error entry (nothing due): INFO commandstats, summed,
+  over a 5 s window after a 2 s warm-up, less the INFO call itself.
+- accept -> delivery start, p50 / p95, with those idle workspaces present: sequential accepts
+  into fresh sessions of one busy workspace, each waited for.
+- ``prompt-outbox serve`` with S open SSE streams: Valkey connections (INFO clients), and
+  accept p50 over HTTP with the streams open versus none.
+
+Everything runs on 127.0.0.1 against servers it starts itself and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import valkey.asyncio as valkey_async
+
+from prompt_outbox import Entry, Outbox, Tunables
+from prompt_outbox.embedded import EmbeddedValkey, free_port
+
+BIN = str(Path(sys.executable).parent / "prompt-outbox")
+
+ERROR_ENTRY = (
+    '{{"id":"{id}","clientMessageID":"{id}","userID":"bench","text":"stuck",'
+    '"acceptedAt":"2026-12-01T00:00:00.000000Z","attempts":5,"lastError":"attempts exhausted: x",'
+    '"status":"error"}}'
+)
+
+
+@dataclass
+class Figures:
+    """One run's measurements, by row name, and how long it waits before and while measuring
+    (the short form in ``make test`` shrinks both)."""
+
+    warm_up: float = 2.0
+    window: float = 5.0
+    rows: dict[str, str] = field(default_factory=dict)
+
+    def add(self, name: str, value: str) -> None:
+        self.rows[name] = value
+        print(f"{name}: {value}", flush=True)
+
+
+async def _commands(client: valkey_async.Valkey) -> int:
+    stats = await client.info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values() if isinstance(v, dict))
+
+
+async def _fill(outbox: Outbox, workspaces: int, start: int = 0) -> None:
+    """``workspaces`` idle tenants: one session each, holding one error entry."""
+    sem = asyncio.Semaphore(64)
+
+    async def one(i: int) -> None:
+        async with sem:
+            raw = ERROR_ENTRY.format(id=f"e{i}")
+            await outbox.seed_entry_for_test(f"tenant-{i}", "s1", raw)
+
+    await asyncio.gather(*(one(i) for i in range(start, start + workspaces)))
+
+
+async def idle_commands_per_second(
+    client: valkey_async.Valkey, outbox: Outbox, figures: Figures
+) -> float:
+    async def nothing(ws: str, ses: str, entry: Entry) -> None:
+        return None
+
+    async with outbox.running(nothing, tick=1.0):
+        await asyncio.sleep(figures.warm_up)
+        before = await _commands(client)
+        started = time.monotonic()
+        await asyncio.sleep(figures.window)
+        after = await _commands(client)
+        elapsed = time.monotonic() - started
+    return (after - before - 1) / elapsed  # less the second INFO
+
+
+async def accept_to_start(
+    outbox: Outbox, samples: int, tag: str, figures: Figures
+) -> tuple[float, float]:
+    """p50 and p95 (ms) from an accept to its delivery's start, with the loop idle between."""
+    started: dict[str, float] = {}
+    arrived = asyncio.Event()
+
+    async def deliver(ws: str, ses: str, entry: Entry) -> None:
+        started[entry.id] = time.perf_counter()
+        arrived.set()
+
+    waits = []
+    async with outbox.running(deliver, tick=1.0):
+        await asyncio.sleep(figures.warm_up)
+        for i in range(samples):
+            arrived.clear()
+            t0 = time.perf_counter()
+            entry = await outbox.accept("busy", f"{tag}-{i}", "bench", "m", "hello")
+            async with asyncio.timeout(30):
+                while entry.id not in started:
+                    await arrived.wait()
+                    arrived.clear()
+            waits.append((started[entry.id] - t0) * 1000)
+    waits.sort()
+    return statistics.median(waits), waits[int(len(waits) * 0.95) - 1]
+
+
+@contextlib.contextmanager
+def serve(url: str, port: int) -> Iterator[None]:
+    proc = subprocess.Popen(
+        [BIN, "serve", "--valkey-url", url, "--no-auth", "--port", str(port)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("serve did not become ready")
+            time.sleep(0.05)
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+async def http_accept_p50(http: httpx.AsyncClient, samples: int, tag: str) -> float:
+    waits = []
+    for i in range(samples):
+        t0 = time.perf_counter()
+        r = await http.post(
+            f"/v1/workspaces/http/sessions/{tag}-{i % 20}/prompts",
+            json={"clientMessageID": f"{tag}-{i}", "text": "hello"},
+        )
+        waits.append((time.perf_counter() - t0) * 1000)
+        r.raise_for_status()
+    return statistics.median(waits)
+
+
+@contextlib.asynccontextmanager
+async def open_streams(http: httpx.AsyncClient, count: int) -> AsyncIterator[None]:
+    """``count`` SSE streams, open and read, each past its first message (so the server is in
+    its steady state: one follower per stream) before the body runs."""
+    ready = asyncio.Semaphore(0)
+
+    async def follow(i: int) -> None:
+        # Read for as long as it is open, as a phone does (leaving the line iterator would
+        # close the stream).
+        async with http.stream("GET", f"/v1/workspaces/phones/sessions/p{i}/events") as r:
+            async for line in r.aiter_lines():
+                if line.startswith("event: queue.reset"):
+                    ready.release()
+
+    tasks = [asyncio.create_task(follow(i)) for i in range(count)]
+    try:
+        for _ in range(count):
+            async with asyncio.timeout(120):
+                await ready.acquire()
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def streams(url: str, client: valkey_async.Valkey, count: int, figures: Figures) -> None:
+    port = free_port()
+    limits = httpx.Limits(max_connections=count + 50, max_keepalive_connections=count + 50)
+    base = f"http://127.0.0.1:{port}"
+    with serve(url, port):
+        async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as http:
+            quiet = await http_accept_p50(http, 200, "quiet")
+            async with open_streams(http, count):
+                await asyncio.sleep(figures.warm_up)
+                clients = int((await client.info("clients"))["connected_clients"])
+                busy = await http_accept_p50(http, 200, "busy")
+    figures.add(f"serve with {count} open SSE streams: Valkey connections", str(clients))
+    figures.add(
+        f"accept p50 over HTTP, {count} streams open vs none",
+        f"{busy:.1f} ms vs {quiet:.1f} ms ({busy / quiet:.2f}x)",
+    )
+
+
+async def run(workspaces: int, stream_count: int, samples: int, figures: Figures) -> Figures:
+    tunables = Tunables()  # the seed's defaults: what a deployment runs
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, EmbeddedValkey(tmp) as server:
+        client = valkey_async.Valkey.from_url(server.url)
+        outbox = Outbox(client, tunables)
+        try:
+            await _fill(outbox, 10)
+            small = await idle_commands_per_second(client, outbox, figures)
+            figures.add("idle run(), 10 workspaces: Valkey commands/s", f"{small:.0f}")
+            p50, p95 = await accept_to_start(outbox, samples, "small", figures)
+            figures.add(
+                "accept -> delivery start, 10 workspaces", f"p50 {p50:.1f} ms, p95 {p95:.1f} ms"
+            )
+            await _fill(outbox, workspaces - 10, start=10)
+            large = await idle_commands_per_second(client, outbox, figures)
+            figures.add(
+                f"idle run(), {workspaces} workspaces: Valkey commands/s",
+                f"{large:.0f} ({large / small:.1f}x the 10-workspace figure)",
+            )
+            p50, p95 = await accept_to_start(outbox, samples, "large", figures)
+            figures.add(
+                f"accept -> delivery start, {workspaces} idle workspaces",
+                f"p50 {p50:.1f} ms, p95 {p95:.1f} ms",
+            )
+            await client.flushall()
+            await streams(server.url, client, stream_count, figures)
+        finally:
+            await client.aclose()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workspaces", type=int, default=10_000)
+    parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument("--samples", type=int, default=50)
+    parser.add_argument("--out", type=Path, help="write the figures here (markdown table)")
+    args = parser.parse_args()
+    started = time.monotonic()
+    figures = asyncio.run(run(args.workspaces, args.streams, args.samples, Figures()))
+    if args.out:
+        rows = "\n".join(f"| {k} | {v} |" for k, v in figures.rows.items())
+        args.out.write_text(f"| case | figure |\n|---|---|\n{rows}\n")
+    print(f"({time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

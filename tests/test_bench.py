@@ -1,0 +1,25 @@
+"""The short form of ``make bench`` (bench/scale.py): every figure is produced and sane. No
+timing is asserted here: speed and cost targets live in the benchmark's report, read as
+ratios within one run (docs/performance.md)."""
+
+from __future__ import annotations
+
+import pytest
+from bench.scale import Figures, run
+
+
+@pytest.mark.timeout(300)
+async def test_the_scale_benchmark_runs_end_to_end() -> None:
+    figures = await run(workspaces=40, stream_count=10, samples=3, figures=Figures(0.5, 1.0))
+    rows = figures.rows
+    assert set(rows) == {
+        "idle run(), 10 workspaces: Valkey commands/s",
+        "accept -> delivery start, 10 workspaces",
+        "idle run(), 40 workspaces: Valkey commands/s",
+        "accept -> delivery start, 40 idle workspaces",
+        "serve with 10 open SSE streams: Valkey connections",
+        "accept p50 over HTTP, 10 streams open vs none",
+    }
+    assert float(rows["idle run(), 10 workspaces: Valkey commands/s"]) > 0
+    assert int(rows["serve with 10 open SSE streams: Valkey connections"]) >= 1
+    assert rows["accept -> delivery start, 10 workspaces"].startswith("p50 ")
