@@ -39,6 +39,7 @@ from prompt_outbox import Entry, Outbox, Tunables
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 
 BIN = str(Path(sys.executable).parent / "prompt-outbox")
+NO_STREAM_LIMIT = ["--max-streams", "100000", "--max-streams-per-token", "100000"]
 
 ERROR_ENTRY = (
     '{{"id":"{id}","clientMessageID":"{id}","userID":"bench","text":"stuck",'
@@ -123,8 +124,10 @@ async def accept_to_start(
 
 @contextlib.contextmanager
 def serve(url: str, port: int) -> Iterator[None]:
+    # The benchmark opens its streams with one token: past the default limits on purpose.
+    limits = ["--max-streams", "100000", "--max-streams-per-token", "100000"]
     proc = subprocess.Popen(
-        [BIN, "serve", "--valkey-url", url, "--no-auth", "--port", str(port)],
+        [BIN, "serve", "--valkey-url", url, "--no-auth", "--port", str(port), *limits],
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

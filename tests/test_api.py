@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -32,11 +33,12 @@ ALICE = {"Authorization": "Bearer alice-token"}
 URL = "/v1/workspaces/acme/sessions/chat-1/prompts"
 
 
-async def serve(outbox: Outbox, tokens: TokenTable = TOKENS) -> AsyncIterator[httpx.AsyncClient]:
+async def serve(
+    outbox: Outbox, tokens: TokenTable = TOKENS, **options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(outbox, tokens), host="127.0.0.1", port=port, log_level="warning")
-    )
+    app = create_app(outbox, tokens, **options)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     await eventually(lambda: _started(server))
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:

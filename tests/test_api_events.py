@@ -4,6 +4,7 @@ with nothing missed, and the same auth as every other session route."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -11,8 +12,10 @@ import httpx
 import pytest
 
 from prompt_outbox import Outbox
+from prompt_outbox.api import StreamLimits
 from tests.agents import ScriptedAgent
-from tests.test_api import ALICE, URL
+from tests.conftest import eventually
+from tests.test_api import ALICE, URL, serve
 
 EVENTS = URL.removesuffix("/prompts") + "/events"
 
@@ -100,3 +103,51 @@ async def test_refusals_are_json(
 ) -> None:
     r = await http.get(path, headers=headers)
     assert (r.status_code, r.json()["error"]) == (status, code)
+
+
+served = contextlib.asynccontextmanager(serve)
+OPS = {"Authorization": "Bearer ops-token"}
+
+
+async def _refused(http: httpx.AsyncClient, headers: dict[str, str]) -> httpx.Response:
+    async with asyncio.timeout(5):  # an admitted stream would never end
+        return await http.get(EVENTS, headers=headers)
+
+
+async def test_open_streams_are_bounded_per_token(outbox: Outbox) -> None:
+    """Past the per-token bound a new stream is a 429 (JSON, Retry-After); a stream that
+    ends (the client went away) gives its slot back."""
+    async with served(outbox, streams=StreamLimits(per_process=10, per_token=2)) as http:
+        async with contextlib.AsyncExitStack() as streams:
+            for headers in (ALICE, ALICE, OPS):  # another token is counted apart
+                r = await streams.enter_async_context(http.stream("GET", EVENTS, headers=headers))
+                assert r.status_code == 200
+            full = await _refused(http, ALICE)
+            assert (full.status_code, full.json()["error"]) == (429, "too_many_streams")
+            assert full.headers["retry-after"] == "5"
+
+        async def alice_may_open_two() -> bool:
+            async with contextlib.AsyncExitStack() as again:
+                for _ in range(2):
+                    r = await again.enter_async_context(http.stream("GET", EVENTS, headers=ALICE))
+                    if r.status_code != 200:
+                        return False
+            return True
+
+        await eventually(alice_may_open_two, within=10)
+
+
+async def test_past_the_process_bound_a_new_stream_is_503(outbox: Outbox) -> None:
+    limits = StreamLimits(per_process=2, per_token=5)
+    async with served(outbox, streams=limits) as http, contextlib.AsyncExitStack() as streams:
+        for _ in range(2):
+            r = await streams.enter_async_context(http.stream("GET", EVENTS, headers=ALICE))
+            assert r.status_code == 200
+        full = await _refused(http, OPS)
+        assert (full.status_code, full.json()["error"]) == (503, "too_many_streams")
+        assert full.headers["retry-after"] == "5"
+
+
+def test_stream_limits_refuse_nonsense() -> None:
+    with pytest.raises(ValueError, match="per_token"):
+        StreamLimits(per_token=0)

@@ -2,5 +2,6 @@
 
 from .app import create_app
 from .auth import Principal, TokenTable
+from .streams import StreamLimits
 
-__all__ = ["Principal", "TokenTable", "create_app"]
+__all__ = ["Principal", "StreamLimits", "TokenTable", "create_app"]

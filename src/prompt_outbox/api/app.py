@@ -14,10 +14,14 @@ from ..outbox import Outbox
 from . import health, prompts, workspaces
 from .auth import TokenTable
 from .errors import EXCEPTION_HANDLERS
+from .streams import StreamGate, StreamLimits
 
 
-def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
-    """The API over ``outbox``; ``tokens`` decides who may touch which workspace."""
+def create_app(
+    outbox: Outbox, tokens: TokenTable, *, streams: StreamLimits | None = None
+) -> FastAPI:
+    """The API over ``outbox``; ``tokens`` decides who may touch which workspace;
+    ``streams`` bounds the open event streams (per process, per token)."""
     # No trailing-slash redirects: an empty ID ("/prompts/") is a plain 404, not a 307.
     app = FastAPI(
         title="prompt-outbox",
@@ -27,6 +31,7 @@ def create_app(outbox: Outbox, tokens: TokenTable) -> FastAPI:
     )
     app.state.outbox = outbox  # the routes reach it through params.get_outbox
     app.state.tokens = tokens  # auth.principal reads it
+    app.state.streams = StreamGate(streams or StreamLimits())  # the events route takes a slot
     for router in (prompts.router, workspaces.router, health.router):
         app.include_router(router)
     return app

@@ -26,9 +26,12 @@ from .params import PATH_IDS
 class ApiError(Exception):
     """A refusal decided by the HTTP layer itself (auth, body transport, not found, busy)."""
 
-    def __init__(self, status: int, code: str, detail: Any) -> None:
+    def __init__(
+        self, status: int, code: str, detail: Any, *, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
         self.status, self.code, self.detail = status, code, detail
+        self.headers = headers
 
 
 class ErrorBody(BaseModel):
@@ -46,8 +49,8 @@ ERROR_WHY = {
     409: "a delivery holds the session; try again shortly",
     413: "the body or the text is too large",
     422: "a field is missing or of the wrong type",
-    429: "the session's outbox is full",
-    503: "Valkey is unreachable",
+    429: "the session's outbox is full (or, for events, the token holds too many streams)",
+    503: "Valkey is unreachable (or, for events, this replica serves its most streams)",
 }
 
 # The status of each InvalidInput kind that is not a plain 400.
@@ -60,13 +63,15 @@ def errors(*extra: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": ERROR_WHY[code]} for code in codes}
 
 
-def error_response(status: int, code: str, detail: Any) -> JSONResponse:
+def error_response(
+    status: int, code: str, detail: Any, *, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """The JSON body of a refusal."""
-    return JSONResponse({"error": code, "detail": detail}, status_code=status)
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
 
 
 async def _api_error(_: Request, exc: ApiError) -> Response:
-    return error_response(exc.status, exc.code, exc.detail)
+    return error_response(exc.status, exc.code, exc.detail, headers=exc.headers)
 
 
 async def _invalid_input(_: Request, exc: InvalidInput) -> Response:

@@ -23,6 +23,7 @@ from .errors import ApiError, errors
 from .models import Accepted, EntryList, Retried
 from .params import EntryId, OutboxDep, SessionId, WorkspaceId
 from .sse import event_stream
+from .streams import GateDep, GatedStream
 
 MAX_BODY_BYTES = 2 * MAX_TEXT_BYTES  # text at the limit, JSON-escaped, plus the rest
 SESSION = "/v1/workspaces/{ws}/sessions/{ses}"
@@ -118,7 +119,7 @@ async def dismiss_prompt(
 @router.get(
     SESSION + "/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}, **errors()},
+    responses={200: {"content": {"text/event-stream": {}}}, **errors(429)},
 )
 async def session_events(
     ws: WorkspaceId,
@@ -126,21 +127,29 @@ async def session_events(
     request: Request,
     caller: Caller,
     outbox: OutboxDep,
+    gate: GateDep,
     last_event_id: Annotated[str | None, Header()] = None,
     lastEventId: Annotated[str | None, Query(description="for clients without headers")] = None,
 ) -> StreamingResponse:
     """SSE: ``queue.reset`` (the queue) first, then ``queue.update`` per change
     (accepted, delivering, sent, pending, verifying, error, parked, dismissed). Reconnect
     with ``Last-Event-ID`` to resume after the last event seen, with no reset if the
-    capped log still holds everything since."""
+    capped log still holds everything since. 429 / 503 with ``Retry-After`` past the
+    stream limits (per token / per process)."""
     resume = last_event_id or lastEventId
-    # Surrounding whitespace is the transport's, not the ID's (a header value's padding).
-    items = outbox.watch(ws, ses, None if resume is None else resume.strip())
-    # The first item is read now: a bad resume point (InvalidEventId) is a 400 and a dead
-    # Valkey a 503 here, not a broken stream later.
-    first = await anext(items)
-    return StreamingResponse(
+    release = gate.enter(caller)
+    try:
+        # Surrounding whitespace is the transport's, not the ID's (a header value's padding).
+        items = outbox.watch(ws, ses, None if resume is None else resume.strip())
+        # The first item is read now: a bad resume point (InvalidEventId) is a 400 and a dead
+        # Valkey a 503 here, not a broken stream later.
+        first = await anext(items)
+    except BaseException:
+        release()
+        raise
+    return GatedStream(
         event_stream(first, items, request.is_disconnected),
+        release,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 import uvicorn
 
-from ..api import TokenTable, create_app
+from ..api import StreamLimits, TokenTable, create_app
+from ..api.streams import DEFAULT_PER_PROCESS, DEFAULT_PER_TOKEN
 from ..outbox import Outbox
 from .delivery import Delivery, build_delivery, delivery_options
 from .storage import open_outbox, storage_options
@@ -65,12 +66,13 @@ async def delivering(outbox: Outbox, delivery: Delivery | None) -> AsyncIterator
         await delivery.aclose()
 
 
-async def run_api(outbox: Outbox, tokens: TokenTable, host: str, port: int) -> None:
+async def run_api(
+    outbox: Outbox, tokens: TokenTable, host: str, port: int, streams: StreamLimits
+) -> None:
     """Serve the API until SIGINT / SIGTERM."""
     # Open event streams never end by themselves: give them a bound at shutdown.
-    config = uvicorn.Config(
-        create_app(outbox, tokens), host=host, port=port, timeout_graceful_shutdown=5
-    )
+    app = create_app(outbox, tokens, streams=streams)
+    config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=5)
     server = _Server(config)
     _on_signals(server)
     await server.serve()  # returns once a signal asked it to
@@ -88,6 +90,22 @@ async def run_api(outbox: Outbox, tokens: TokenTable, host: str, port: int) -> N
     help="bearer-token file (JSON)",
 )
 @click.option("--no-auth", is_flag=True, help="let every request in (loopback development only)")
+@click.option(
+    "--max-streams",
+    default=DEFAULT_PER_PROCESS,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_MAX_STREAMS",
+    type=click.IntRange(min=1),
+    help="open event streams this process serves (503 past it)",
+)
+@click.option(
+    "--max-streams-per-token",
+    default=DEFAULT_PER_TOKEN,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_MAX_STREAMS_PER_TOKEN",
+    type=click.IntRange(min=1),
+    help="open event streams one token may hold (429 past it)",
+)
 @delivery_options
 def serve(
     valkey_url: str | None,
@@ -98,6 +116,8 @@ def serve(
     port: int,
     tokens_file: str | None,
     no_auth: bool,
+    max_streams: int,
+    max_streams_per_token: int,
     **delivery: str | float | None,
 ) -> None:
     """Run the HTTP API and the delivery workers in one process."""
@@ -120,7 +140,8 @@ def serve(
     async def main() -> None:
         opened = open_outbox(valkey_url, data_dir, strict_durability, tunables_json)
         async with opened as outbox, delivering(outbox, chosen):
-            await run_api(outbox, tokens, host, port)
+            limits = StreamLimits(per_process=max_streams, per_token=max_streams_per_token)
+            await run_api(outbox, tokens, host, port, limits)
 
     asyncio.run(main())
 
