@@ -26,7 +26,14 @@ from tests.chaos.history import History
 from tests.chaos.settings import AGENT_STALL, CHAOS_FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
-WS = "chaos"
+WORKSPACES = 8
+
+
+def workspace_of(ses: str) -> str:
+    """Sessions ``s000``... spread over eight workspaces (so over a cluster's shards)."""
+    return f"chaos-{int(ses.removeprefix('s')) % WORKSPACES}"
+
+
 BLOCKING = {Status.PENDING, Status.DELIVERING, Status.VERIFYING}
 STORE_ERRORS = (ValkeyConnectionError, ValkeyTimeoutError, OSError)
 
@@ -118,7 +125,8 @@ def library_accept(outbox: Outbox) -> Callable[[str, str, int], Awaitable[str | 
 
     async def accept(ses: str, cmid: str, i: int) -> str | None:
         try:
-            return (await outbox.accept(WS, ses, "user", cmid, f"prompt {i} of {ses}")).id
+            ws = workspace_of(ses)
+            return (await outbox.accept(ws, ses, "user", cmid, f"prompt {i} of {ses}")).id
         except Duplicate as dup:  # an earlier try landed; its answer was lost
             return dup.accepted_id
         except (OutboxFull, *STORE_ERRORS):
@@ -132,7 +140,8 @@ def http_accept(http: httpx.AsyncClient) -> Callable[[str, str, int], Awaitable[
 
     async def accept(ses: str, cmid: str, i: int) -> str | None:
         body = {"clientMessageID": cmid, "text": f"prompt {i} of {ses}"}
-        r = await http.post(f"/v1/workspaces/{WS}/sessions/{ses}/prompts", json=body)
+        url = f"/v1/workspaces/{workspace_of(ses)}/sessions/{ses}/prompts"
+        r = await http.post(url, json=body)
         if r.status_code in (429, 503):
             return None
         r.raise_for_status()
@@ -148,11 +157,11 @@ async def settle(
     is owed (a killed worker's, made again after hook_retry_after), then record what every
     session still lists."""
     deadline = time.monotonic() + within
-    owed_key = workspace_keys(WS).notices
+    owed = [workspace_keys(workspace_of(ses)).notices for ses in history.accepted]
     while True:
-        busy = int(await client.hlen(owed_key))  # type: ignore[misc]
+        busy = sum([int(await client.hlen(key)) for key in set(owed)])  # type: ignore[misc]
         for ses in history.accepted:
-            history.final[ses] = await outbox.list(WS, ses)
+            history.final[ses] = await outbox.list(workspace_of(ses), ses)
             busy += sum(e.status in BLOCKING for e in history.final[ses])
         if not busy or time.monotonic() > deadline:
             return

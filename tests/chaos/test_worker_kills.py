@@ -18,6 +18,7 @@ import valkey.asyncio as valkey_async
 
 from prompt_outbox import Outbox
 from prompt_outbox.embedded import EmbeddedValkey, free_port
+from prompt_outbox.storage.store import Client
 from tests.chaos import report
 from tests.chaos.harness import (
     Workers,
@@ -44,10 +45,12 @@ RUNS = [
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.cluster_too
 @pytest.mark.parametrize(("prompts", "sessions", "seconds"), RUNS)
 async def test_worker_kills_lose_nothing_and_run_nothing_twice(
-    valkey_server: EmbeddedValkey,
-    client: valkey_async.Valkey,
+    server_url: str,
+    server_kind: str,
+    client: Client,
     tmp_path: Path,
     prompts: int,
     sessions: int,
@@ -57,7 +60,7 @@ async def test_worker_kills_lose_nothing_and_run_nothing_twice(
     history = History()
     outbox = Outbox(client, CHAOS_TUNABLES)
     with closing(chaos_agent(seed=prompts)) as agent:
-        workers = Workers(library_worker(valkey_server.url, agent, tmp_path), 3)
+        workers = Workers(library_worker(server_url, agent, tmp_path), 3)
         try:
             await asyncio.gather(
                 accept_paced(library_accept(outbox), history, prompts, sessions, seconds * 0.8),
@@ -69,7 +72,8 @@ async def test_worker_kills_lose_nothing_and_run_nothing_twice(
         take_agent_history(agent, history)
     read_worker_logs(tmp_path, history, workers.killed)
     history.faults["kill"] = workers.kills
-    verdict = report.judge(f"worker kills ({prompts} prompts, {seconds:.0f} s)", history)
+    where = ", 3-master cluster" if server_kind == "cluster" else ""
+    verdict = report.judge(f"worker kills ({prompts} prompts, {seconds:.0f} s{where})", history)
     assert workers.kills >= seconds / 3.5
     assert verdict.ok, verdict
     assert verdict.accepted == prompts

@@ -14,10 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-import valkey.asyncio as valkey_async
-
 from prompt_outbox import Entry, Outbox
 from prompt_outbox.deliver import WebhookDeliverer
+from prompt_outbox.storage.connect import connect
 from tests.chaos.settings import CHAOS_TUNABLES, WEBHOOK_TIMEOUT, WORKER_SOCKET_TIMEOUT
 
 
@@ -39,9 +38,7 @@ async def main(url: str, agent_url: str, verify_url: str, log_dir: Path) -> None
     async def on_delivered(ws: str, ses: str, entry: Entry) -> None:
         os.write(hooks, f"{entry.id}\n".encode())
 
-    client = valkey_async.Valkey.from_url(
-        url, socket_timeout=WORKER_SOCKET_TIMEOUT, socket_connect_timeout=2
-    )
+    client = connect(url, socket_timeout=WORKER_SOCKET_TIMEOUT, socket_connect_timeout=2)
     outbox = Outbox(client, CHAOS_TUNABLES)
     outbox.set_verifier(hook.verify)
     outbox.set_on_delivered(on_delivered)
