@@ -22,7 +22,6 @@ from prompt_outbox.core.keys import session_keys
 from prompt_outbox.embedded import EmbeddedValkey
 from tests.chaos import report
 from tests.chaos.harness import (
-    WS,
     Workers,
     accept_paced,
     chaos_agent,
@@ -32,6 +31,7 @@ from tests.chaos.harness import (
     read_worker_logs,
     settle,
     take_agent_history,
+    workspace_of,
 )
 from tests.chaos.history import History
 from tests.chaos.proxy import FaultyProxy
@@ -82,7 +82,7 @@ class StagingWatch:
         while not stop.is_set():
             pipe = self.client.pipeline(transaction=False)
             for ses in self.sessions:
-                pipe.lrange(session_keys(WS, ses).staging, 0, -1)
+                pipe.lrange(session_keys(workspace_of(ses), ses).staging, 0, -1)
             staged = {raw for rows in await pipe.execute() for raw in rows}
             now = time.monotonic()
             for raw in staged:

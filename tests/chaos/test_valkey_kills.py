@@ -22,7 +22,6 @@ from prompt_outbox import Outbox
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 from tests.chaos import report
 from tests.chaos.harness import (
-    WS,
     Workers,
     accept_paced,
     chaos_agent,
@@ -31,6 +30,7 @@ from tests.chaos.harness import (
     read_worker_logs,
     settle,
     take_agent_history,
+    workspace_of,
 )
 from tests.chaos.history import History
 from tests.chaos.settings import CHAOS_TUNABLES, CHAOS_TUNABLES_JSON
@@ -62,7 +62,8 @@ async def test_valkey_kills_lose_no_acknowledged_accept(
         body = {"clientMessageID": cmid, "text": f"prompt {i} of {ses}"}
         started = time.monotonic()
         try:
-            r = await http.post(f"/v1/workspaces/{WS}/sessions/{ses}/prompts", json=body)
+            url = f"/v1/workspaces/{workspace_of(ses)}/sessions/{ses}/prompts"
+            r = await http.post(url, json=body)
         except httpx.HTTPError:
             statuses[0] = statuses.get(0, 0) + 1  # no answer at all
             return None
