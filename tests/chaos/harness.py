@@ -16,12 +16,11 @@ from pathlib import Path
 
 import httpx
 import valkey.asyncio as valkey_async
-from valkey.exceptions import ConnectionError as ValkeyConnectionError
-from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from prompt_outbox import Duplicate, Outbox, OutboxFull, Status
 from prompt_outbox.cli.flaky_agent import FlakyAgent
 from prompt_outbox.core.keys import workspace_keys
+from prompt_outbox.storage.store import TRANSIENT_ERRORS
 from tests.chaos.history import History
 from tests.chaos.settings import AGENT_STALL, CHAOS_FAULTS
 
@@ -35,7 +34,6 @@ def workspace_of(ses: str) -> str:
 
 
 BLOCKING = {Status.PENDING, Status.DELIVERING, Status.VERIFYING}
-STORE_ERRORS = (ValkeyConnectionError, ValkeyTimeoutError, OSError)
 
 
 class Workers:
@@ -129,7 +127,7 @@ def library_accept(outbox: Outbox) -> Callable[[str, str, int], Awaitable[str | 
             return (await outbox.accept(ws, ses, "user", cmid, f"prompt {i} of {ses}")).id
         except Duplicate as dup:  # an earlier try landed; its answer was lost
             return dup.accepted_id
-        except (OutboxFull, *STORE_ERRORS):
+        except (OutboxFull, *TRANSIENT_ERRORS):
             return None
 
     return accept

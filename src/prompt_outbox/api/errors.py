@@ -15,11 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from valkey.exceptions import ConnectionError as ValkeyConnectionError
-from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from ..core.errors import InvalidId, InvalidInput, OutboxFull, TextTooLarge
 from ..core.keys import ID_PATTERN, check_id
+from ..storage.store import UNAVAILABLE
 from .params import PATH_IDS
 
 
@@ -116,8 +115,7 @@ EXCEPTION_HANDLERS: dict[
     ApiError: _api_error,
     InvalidInput: _invalid_input,  # and its kinds, by their code
     OutboxFull: _outbox_full,
-    ValkeyConnectionError: _storage_down,
-    ValkeyTimeoutError: _storage_down,
+    **dict.fromkeys(UNAVAILABLE, _storage_down),
     RequestValidationError: _invalid_request,
     StarletteHTTPException: _http_error,
 }

@@ -7,11 +7,9 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from valkey.exceptions import ConnectionError as ValkeyConnectionError
-from valkey.exceptions import TimeoutError as ValkeyTimeoutError
-
 from ..core.entry import encode_list
 from ..core.events import QueueEvent, QueueReset
+from ..storage.store import TRANSIENT_ERRORS
 
 log = logging.getLogger("prompt_outbox.api")
 
@@ -52,7 +50,7 @@ async def event_stream(
             quiet += 1
             if quiet % KEEPALIVE_POLLS == 0:
                 yield ": keepalive\n\n"
-    except (ValkeyConnectionError, ValkeyTimeoutError, OSError) as exc:
+    except TRANSIENT_ERRORS as exc:
         log.warning("event stream ended: Valkey is unreachable: %s", exc)
     finally:
         await items.aclose()  # type: ignore[attr-defined]

@@ -15,8 +15,8 @@ from typing import Any
 from valkey.asyncio import Valkey
 from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
+from valkey.exceptions import ClusterError, NoScriptError, TryAgainError
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
-from valkey.exceptions import NoScriptError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from ..core.keys import WAKE_CHANNEL, WORKSPACES, SessionKeys, WorkspaceKeys
@@ -44,13 +44,19 @@ from .scripts import sources
 
 _CLAIM_MARKER_TTL_MS = 3_600_000  # far longer than any retry of one completion
 
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+UNAVAILABLE: tuple[type[Exception], ...] = (
     ValkeyConnectionError,
     ValkeyTimeoutError,
-    OSError,
+    ClusterError,
+    TryAgainError,
 )
-"""Valkey unreachable for a moment: worth retrying for (BusyLoadingError, a restarted server
-replaying its AOF, is a ConnectionError subclass)."""
+"""Valkey cannot answer right now: unreachable, timed out, a cluster reconfiguring, or a slot
+half moved to another node for longer than the client's own retries (TRYAGAIN, "TTL
+exhausted"). BusyLoadingError, a restarted server replaying its AOF, is a ConnectionError.
+The API answers these with 503; a client sends again (same clientMessageID)."""
+
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (*UNAVAILABLE, OSError)
+"""What is worth retrying for (bookkeeping, the run loop): UNAVAILABLE, or the socket under it."""
 
 
 @dataclass(frozen=True, slots=True)
