@@ -17,7 +17,7 @@ import httpx
 
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 from tests.cluster import LocalCluster
-from tests.test_webhook import SECRET, receiver
+from tests.test_webhook import SECRET, Receiver, receiver
 
 BIN = str(Path(sys.executable).parent / "prompt-outbox")
 
@@ -52,6 +52,24 @@ def wait_healthy(port: int) -> None:
     raise AssertionError("service did not become ready")
 
 
+def post_five(url: str) -> list[str]:
+    """Five prompts into one session over HTTP; their IDs, in order."""
+    ids = []
+    for i in range(5):
+        r = httpx.post(url, json={"clientMessageID": f"m{i}", "text": f"prompt {i}"})
+        assert r.status_code == 202, r.text
+        ids.append(r.json()["id"])
+    return ids
+
+
+def wait_delivered_in_order(agent: Receiver, ids: list[str]) -> None:
+    deadline = time.monotonic() + 30
+    while sorted(agent.ids()) != sorted(ids):
+        assert time.monotonic() < deadline, f"delivered {agent.ids()} of {ids}"
+        time.sleep(0.05)
+    assert agent.ids() == ids  # in order, once each
+
+
 def test_sigkill_the_service_and_restart_loses_nothing(tmp_path: Path) -> None:
     data = tmp_path / "data"
     port = free_port()
@@ -59,22 +77,14 @@ def test_sigkill_the_service_and_restart_loses_nothing(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions/chat-1/prompts"
     with service(base) as proc:  # no deliverer: accepted prompts wait in the outbox
         wait_healthy(port)
-        ids = []
-        for i in range(5):
-            r = httpx.post(url, json={"clientMessageID": f"m{i}", "text": f"prompt {i}"})
-            assert r.status_code == 202, r.text
-            ids.append(r.json()["id"])
+        ids = post_five(url)
         os.killpg(proc.pid, signal.SIGKILL)  # the whole service, Valkey included
         proc.wait()
     with receiver() as agent:
         args = [*base, "--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
         with service(args, {"PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}) as proc:
             wait_healthy(port)
-            deadline = time.monotonic() + 30
-            while sorted(agent.ids()) != sorted(ids):
-                assert time.monotonic() < deadline, f"delivered {agent.ids()} of {ids}"
-                time.sleep(0.05)
-            assert agent.ids() == ids  # in order, once each
+            wait_delivered_in_order(agent, ids)
             assert httpx.get(url).json() == {"entries": []}
             # An open event stream (a phone listening) must not hold the shutdown up.
             with httpx.stream("GET", url.removesuffix("/prompts") + "/events") as events:
@@ -110,11 +120,7 @@ def test_serve_and_a_worker_on_a_cluster_url_deliver_in_order(
     url = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions/chat-1/prompts"
     with receiver() as agent, service([*cluster, "--no-auth", "--port", str(port)]):
         wait_healthy(port)
-        ids = []
-        for i in range(5):
-            r = httpx.post(url, json={"clientMessageID": f"m{i}", "text": f"prompt {i}"})
-            assert r.status_code == 202, r.text
-            ids.append(r.json()["id"])
+        ids = post_five(url)
         stats = subprocess.run(
             [BIN, "stats", "--json", *cluster], capture_output=True, text=True, timeout=30
         )
@@ -125,11 +131,7 @@ def test_serve_and_a_worker_on_a_cluster_url_deliver_in_order(
             stderr=subprocess.DEVNULL,
         )
         try:
-            deadline = time.monotonic() + 30
-            while sorted(agent.ids()) != sorted(ids):
-                assert time.monotonic() < deadline, f"delivered {agent.ids()} of {ids}"
-                time.sleep(0.05)
-            assert agent.ids() == ids  # in order, once each
+            wait_delivered_in_order(agent, ids)
         finally:
             worker.send_signal(signal.SIGTERM)
             assert worker.wait(timeout=30) == 0
