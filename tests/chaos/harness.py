@@ -56,6 +56,16 @@ class Workers:
         self.killed.add(self.procs[i].pid)
         self.procs[i] = self._start()
 
+    def join_one(self) -> None:
+        """One more replica joins."""
+        self.procs.append(self._start())
+
+    def leave_one(self) -> int:
+        """The oldest replica leaves as an orchestrator stops it (SIGTERM); its exit code."""
+        proc = self.procs.pop(0)
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=60)
+
     def stop(self) -> None:
         for p in self.procs:
             if p.poll() is None:

@@ -114,3 +114,48 @@ async def test_worker_kills_through_the_http_api_and_the_cli_workers(
     verdict = report.judge(f"worker kills, HTTP + CLI workers ({prompts} prompts)", history)
     assert verdict.ok, verdict
     assert verdict.accepted == prompts
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.cluster_too
+async def test_replicas_joining_and_leaving_change_nothing_visible(
+    server_url: str, server_kind: str, client: Client, tmp_path: Path
+) -> None:
+    """``serve`` takes prompts over HTTP while ``prompt-outbox worker`` replicas come and go
+    the way an orchestrator moves them: one joins, then one leaves on SIGTERM (finishing its
+    delivery in flight, exit 0). Nothing is lost, nothing is run twice, order holds."""
+    prompts, sessions, seconds = 300, 20, 9.0
+    history = History(hooks_recorded=False)  # the CLI workers have no OnDelivered to report
+    port = free_port()
+    env = {
+        **os.environ,
+        "PROMPT_OUTBOX_TUNABLES": CHAOS_TUNABLES_JSON,
+        "PROMPT_OUTBOX_WEBHOOK_SECRET": "chaos",
+    }
+    serve_args = ["--no-auth", "--port", str(port), "--valkey-url", server_url]
+    with closing(chaos_agent(seed=13)) as agent, service_process(serve_args, env):
+        wait_healthy(port)
+        hook = ["--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
+        workers = Workers(lambda: [BIN, "worker", "--valkey-url", server_url, *hook], 2, env)
+
+        async def come_and_go() -> int:
+            await asyncio.sleep(seconds / 3)
+            workers.join_one()
+            await asyncio.sleep(seconds / 3)
+            return await asyncio.to_thread(workers.leave_one)
+
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+                _, left_with = await asyncio.gather(
+                    accept_paced(http_accept(http), history, prompts, sessions, seconds * 0.8),
+                    come_and_go(),
+                )
+            await settle(Outbox(client, CHAOS_TUNABLES), client, history, within=120)
+        finally:
+            workers.stop()
+        take_agent_history(agent, history)
+    where = ", 3-master cluster" if server_kind == "cluster" else ""
+    verdict = report.judge(f"replicas join and leave ({prompts} prompts{where})", history)
+    assert left_with == 0  # a graceful leave: in-flight deliveries finished first
+    assert verdict.ok, verdict
+    assert verdict.accepted == prompts
