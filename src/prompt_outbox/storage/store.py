@@ -368,7 +368,8 @@ class Store:
     async def wake_ups(self) -> AsyncIterator[str]:
         """Yield the workspace of every accept published on the wake channel ('' on a quiet
         second), until the consumer stops iterating."""
-        pubsub = self._subscriber().pubsub()
+        subscriber = self._subscriber()
+        pubsub = subscriber.pubsub()
         try:
             await pubsub.subscribe(WAKE_CHANNEL)
             while True:
@@ -378,3 +379,5 @@ class Store:
                 await asyncio.sleep(0)
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
+            if subscriber is not self.client:  # the node connection made for this (cluster)
+                await subscriber.aclose()
