@@ -83,7 +83,6 @@ class Store:
         self, client: Client, *, event_log_len: int = 1000, event_log_ttl_ms: int = 86_400_000
     ) -> None:
         self.client = client
-        self.cluster = isinstance(client, ValkeyCluster)
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(src)  # type: ignore[misc]  # cluster: typed as Valkey's
             for name, src in sources(event_log_len, event_log_ttl_ms).items()
@@ -357,13 +356,10 @@ class Store:
         if not isinstance(self.client, ValkeyCluster):
             return self.client
         node = self.client.get_random_node()
-        return Valkey(host=node.host, port=int(node.port), **self._node_kwargs())
-
-    def _node_kwargs(self) -> dict[str, Any]:
-        assert isinstance(self.client, ValkeyCluster)
         kwargs = self.client.get_connection_kwargs()
         keep = ("username", "password", "socket_timeout", "socket_connect_timeout", "ssl")
-        return {k: kwargs[k] for k in keep if kwargs.get(k) is not None}
+        options: dict[str, Any] = {k: kwargs[k] for k in keep if kwargs.get(k) is not None}
+        return Valkey(host=node.host, port=int(node.port), **options)
 
     async def wake_ups(self) -> AsyncIterator[str]:
         """Yield the workspace of every accept published on the wake channel ('' on a quiet
