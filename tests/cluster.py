@@ -5,7 +5,6 @@ CLUSTER MEET)."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -19,16 +18,9 @@ from prompt_outbox.embedded import answers_ping, free_port
 SLOTS = 16384
 
 
-def _command(port: int, *args: str) -> bytes:
-    """One RESP command on a fresh connection (setup only: no client library involved)."""
-    payload = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
-    with socket.create_connection(("127.0.0.1", port), 2.0) as s:
-        s.sendall(payload.encode())
-        s.settimeout(2.0)
-        reply = s.recv(65536)
-    if reply.startswith(b"-"):
-        raise RuntimeError(f"{args[0]} on {port}: {reply!r}")
-    return reply
+def _node(port: int) -> valkey.Valkey:
+    """A plain (non-cluster) client of one node: setup and operator commands."""
+    return valkey.Valkey(host="127.0.0.1", port=port, socket_timeout=10)
 
 
 class LocalCluster:
@@ -81,14 +73,22 @@ class LocalCluster:
         share = SLOTS // len(self.ports)
         for i, port in enumerate(self.ports):
             last = SLOTS - 1 if i == len(self.ports) - 1 else (i + 1) * share - 1
-            _command(port, "CLUSTER", "ADDSLOTSRANGE", str(i * share), str(last))
+            with _node(port) as node:
+                node.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
         for port in self.ports[1:]:
-            meet = ("CLUSTER", "MEET", "127.0.0.1", str(self.ports[0]), str(self.bus_ports[0]))
-            _command(port, *meet)
-        while not all(b"cluster_state:ok" in _command(p, "CLUSTER", "INFO") for p in self.ports):
+            with _node(port) as node:
+                node.execute_command(
+                    "CLUSTER", "MEET", "127.0.0.1", self.ports[0], self.bus_ports[0]
+                )
+        while not all(self._cluster_ok(p) for p in self.ports):
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not reach cluster_state:ok")
             time.sleep(0.05)
+
+    @staticmethod
+    def _cluster_ok(port: int) -> bool:
+        with _node(port) as node:
+            return b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO")
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -111,10 +111,6 @@ class LocalCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _node(port: int) -> valkey.Valkey:
-    return valkey.Valkey(host="127.0.0.1", port=port, socket_timeout=10)
 
 
 def owner_of(ports: list[int], slot: int) -> int:
