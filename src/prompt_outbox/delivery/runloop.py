@@ -93,14 +93,14 @@ class RunLoop:
         # Wait without forwarding our cancellation into the loop: valkey-py 6.2 asyncio
         # commands sometimes swallow a CancelledError, so stopping must not rely on one.
         await asyncio.wait({self._loop})
-        self._loop.result()
+        self.raise_failure()
 
     def raise_failure(self) -> None:
         """Re-raise what ended the loop, if a bug (not ``stop``) did."""
         loop = self._loop
-        failure = (
-            loop.exception() if loop is not None and loop.done() and not loop.cancelled() else None
-        )
+        if loop is None or not loop.done() or loop.cancelled():
+            return
+        failure = loop.exception()
         if failure is not None:
             raise failure
 
