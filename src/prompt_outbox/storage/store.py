@@ -248,9 +248,11 @@ class Store:
         return replies.snapshot(payload)
 
     async def read_events(
-        self, k: SessionKeys, after: str, block_ms: int, count: int
+        self, k: SessionKeys, after: str, block_ms: int | None, count: int
     ) -> list[tuple[str, dict[str, str]]]:
-        """Events logged after ``after``, waiting up to ``block_ms`` for the first one."""
+        """Events logged after ``after`` (at most ``count``), waiting up to ``block_ms`` for the
+        first one; ``None`` answers at once (how the shared event feed, storage/feed.py, reads:
+        a blocked read would hold a pooled connection per stream)."""
         reply = await self.client.xread({k.events: after}, count=count, block=block_ms)
         out: list[tuple[str, dict[str, str]]] = []
         for _stream, rows in reply or []:

@@ -113,9 +113,15 @@ end
 -- Append to the session's event log in the same script as the change it reports, so a
 -- reader never sees a change without its event, or an event without its change. kind is
 -- 'accepted', 'sent', 'dismissed' or the entry's new status; raw is its new JSON ('' if gone).
+-- Then announce the new event's ID on the shard channel named like the log's key (it hashes
+-- to the same {ws} slot, so a cluster allows it here): the processes following the session
+-- (storage/feed.py) read it then, instead of each holding a connection blocked in XREAD.
+-- The announcement is only a hint: a follower that misses one still finds the event in the log.
 local function emit(K, kind, id, raw)
-  redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*', 'kind', kind, 'id', id, 'entry', raw)
+  local event_id = redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*',
+    'kind', kind, 'id', id, 'entry', raw)
   redis.call('PEXPIRE', K[EVENTS], EVENTS_TTL_MS)
+  redis.call('SPUBLISH', K[EVENTS], event_id)
 end
 
 -- emit() for an entry whose new state is raw: the kind is its status.
