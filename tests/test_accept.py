@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import valkey.asyncio as valkey_async
+from valkey.asyncio.cluster import ValkeyCluster
 from valkey.exceptions import ResponseError
 
 from prompt_outbox import (
@@ -72,17 +73,25 @@ async def test_failed_push_sets_no_marker(outbox: Outbox, client: valkey_async.V
     # Valkey out of memory (noeviction) refuses the push inside the script: the marker, written
     # only after the push, must not exist, or every retry would be a false "duplicate".
     await outbox.accept("ws", "s1", "u", "warm", "x")  # scripts loaded before memory is short
-    used = int((await client.info("memory"))["used_memory"])
-    await client.config_set("maxmemory", str(used // 2))
+    # One byte: below every node's usage. On a cluster, set on every primary (the async
+    # cluster client sends CONFIG SET to one node): the marks and the workspace live apart.
+    await _set_maxmemory(client, "1")
     try:
         with pytest.raises(ResponseError, match="maxmemory"):
             await outbox.accept("ws", "s1", "u", "c1", "lost?")
     finally:
-        await client.config_set("maxmemory", "0")
+        await _set_maxmemory(client, "0")
     assert not await client.exists(SessionKeys("ws", "s1").dedupe("c1"))
     assert [e.client_message_id for e in await outbox.list("ws", "s1")] == ["warm"]
     retried = await outbox.accept("ws", "s1", "u", "c1", "lost?")
     assert (await outbox.list("ws", "s1"))[-1].id == retried.id
+
+
+async def _set_maxmemory(client: valkey_async.Valkey, value: str) -> None:
+    if isinstance(client, ValkeyCluster):
+        await client.config_set("maxmemory", value, target_nodes=ValkeyCluster.PRIMARIES)
+    else:
+        await client.config_set("maxmemory", value)
 
 
 @pytest.mark.parametrize("model", MODELS)

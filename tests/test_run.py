@@ -209,23 +209,21 @@ async def test_repair_pass_restores_a_lost_index_entry(client: valkey_async.Valk
 async def test_idle_workspaces_leave_the_registry_but_busy_ones_stay(
     client: valkey_async.Valkey,
 ) -> None:
-    from prompt_outbox.core.keys import WORKSPACES
-
     outbox = Outbox(client, replace(FAST, repair_interval=0.1, idle_workspace_ttl=0.2))
     await outbox.accept("idle", "s1", "u", "c1", "x")
     await outbox.accept("busy", "s1", "u", "c1", "x")
     await outbox.park_workspace("busy", "hold")  # keeps an entry, so it must stay registered
     async with outbox.running(ScriptedAgent(), tick=0.05):
         await eventually(lambda: _not_registered(client, "idle"), within=5)
-    assert await client.zscore(WORKSPACES, "busy") is not None
+    assert not await _not_registered(client, "busy")
     await outbox.accept("idle", "s1", "u", "c2", "back")  # an accept registers it again
-    assert await client.zscore(WORKSPACES, "idle") is not None
+    assert not await _not_registered(client, "idle")
 
 
 async def _not_registered(client: valkey_async.Valkey, ws: str) -> bool:
-    from prompt_outbox.core.keys import WORKSPACES
+    from prompt_outbox.core.keys import WorkspaceKeys
 
-    return await client.zscore(WORKSPACES, ws) is None
+    return not await client.hexists(WorkspaceKeys(ws).bucket.registry, ws)
 
 
 async def test_works_with_a_decoding_client(

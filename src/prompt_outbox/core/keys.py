@@ -4,6 +4,7 @@ inside it."""
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 from .errors import InvalidId, InvalidInput
@@ -18,11 +19,47 @@ CLIENT_MESSAGE_ID_PATTERN = r"^[!-~]{1,256}$"
 _ID = re.compile(ID_PATTERN)
 _CLIENT_MESSAGE_ID = re.compile(CLIENT_MESSAGE_ID_PATTERN)
 
-WORKSPACES = "outboxworkspaces"
-"""ZSET of workspaces that may hold work, score = last accept (ms). The only untagged key."""
+LEGACY_WORKSPACES = "outboxworkspaces"
+"""The registry before the due index (a ZSET workspace -> last accept ms). Read once at start
+(``Store.migrate_legacy_registry``) and folded into the buckets, then deleted."""
 
 WAKE_CHANNEL = "outboxwake"
-"""Pub/sub channel an accept publishes its workspace on, so a waiting run loop starts at once."""
+"""Pub/sub channel a marked workspace is published on, so a waiting run loop starts at once."""
+
+BUCKETS = 8
+"""How many buckets the due index and the registry are split into. Part of the layout: every
+process must agree on it. A run loop reads each bucket once per tick, whatever the number of
+workspaces (docs/design.md, "Finding due work")."""
+
+
+def bucket_of(ws: str) -> int:
+    """The bucket a workspace's due mark and registry entry live in (stable across processes)."""
+    return zlib.crc32(ws.encode()) % BUCKETS
+
+
+@dataclass(frozen=True, slots=True)
+class BucketKeys:
+    """One bucket of the due index; both keys share the ``{outbox-b<N>}`` hash tag."""
+
+    bucket: int
+
+    @property
+    def due(self) -> str:
+        """ZSET workspace -> ms by which a run loop must visit it (a lower bound of its work)."""
+        return f"outboxdue:{{outbox-b{self.bucket}}}"
+
+    @property
+    def registry(self) -> str:
+        """HASH workspace -> server time (us) of the last mark: the workspace registry, and the
+        generation a run loop compares before it raises or removes a mark."""
+        return f"outboxregistry:{{outbox-b{self.bucket}}}"
+
+    def script_keys(self) -> list[str]:
+        return [self.due, self.registry]
+
+
+def buckets() -> list[BucketKeys]:
+    return [BucketKeys(b) for b in range(BUCKETS)]
 
 
 def check_id(kind: str, value: object) -> str:
@@ -71,6 +108,10 @@ class WorkspaceKeys:
     def notices_due(self) -> str:
         """ZSET ``ses:entry_id`` -> ms after which another worker fires the owed call again."""
         return f"outboxnotifydue:{{{self.ws}}}"
+
+    @property
+    def bucket(self) -> BucketKeys:
+        return BucketKeys(bucket_of(self.ws))
 
     @property
     def scan_pattern(self) -> str:

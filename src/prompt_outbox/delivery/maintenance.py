@@ -46,6 +46,7 @@ class Maintenance:
         holds it) is never second-guessed; an ID already in the queue is never added twice.
         Returns the number of entries requeued.
         """
+        await self.store.due.migrate_legacy_registry(self.engine.now_ms())
         total = 0
         async for found in self.store.all_sessions():
             if not found.sessions:
@@ -57,37 +58,35 @@ class Maintenance:
         return total
 
     async def repair(self) -> None:
-        """The slow safety net: re-derive every session's index entries, and drop workspaces
-        idle for ``idle_workspace_ttl`` from the registry."""
+        """The slow safety net: re-derive every session's index entries, mark each workspace
+        in the due index by its earliest work, and drop workspaces idle for
+        ``idle_workspace_ttl`` from the registry. Its cost is O(sessions): it runs every
+        ``repair_interval``, never per tick."""
         now_ms = self.engine.now_ms()
         idle_ms = self.tunables.idle_workspace_ttl * 1000
         async for found in self.store.all_sessions():
             for k in found.sessions:
                 await self.store.repair(k, now_ms)
+            await self.store.due.remark(found.workspace)
             if now_ms - found.touched_ms > idle_ms:
-                await self.store.prune_idle_workspace(found.workspace, found.touched_ms)
+                await self.store.prune_idle_workspace(found.workspace, found.generation)
 
-    async def fire_owed_hooks(self) -> int:
-        """Make the OnDelivered calls that claims owe and whose workers did not make them in
-        time (killed after the claim). Returns how many were made."""
+    async def fire_owed_hooks(self, w: WorkspaceKeys) -> int:
+        """Make the workspace's OnDelivered calls that claims owe and whose workers did not
+        make them in time (killed after the claim). The run loop starts this when a visit
+        finds one due. Returns how many were made."""
         if self.wiring.on_delivered is None:
             return 0
         grace_ms = round(self.tunables.hook_retry_after * 1000)
-        fired = 0
-        for ws in await self.store.workspaces():
-            w = WorkspaceKeys(ws)
-            owed = await self.store.take_notices(
-                w, self.engine.now_ms(), grace_ms, OWED_HOOKS_PER_PASS
+        owed = await self.store.take_notices(w, self.engine.now_ms(), grace_ms, OWED_HOOKS_PER_PASS)
+        for ses, entry_id, raw in owed:
+            log.warning(
+                "firing an OnDelivered its worker never made",
+                extra={"ws": w.ws, "ses": ses, "entry": entry_id},
             )
-            for ses, entry_id, raw in owed:
-                log.warning(
-                    "firing an OnDelivered its worker never made",
-                    extra={"ws": ws, "ses": ses, "entry": entry_id},
-                )
-                self.metrics.hooks_refired.inc()
-                await self.engine.notify(SessionKeys(ws, ses), decode_entry(raw))
-                fired += 1
-        return fired
+            self.metrics.hooks_refired.inc()
+            await self.engine.notify(SessionKeys(w.ws, ses), decode_entry(raw))
+        return len(owed)
 
     async def sweep_ledger_everywhere(self, stopping: Callable[[], bool] = never) -> int:
         """``sweep_ledger`` for every workspace that holds an error entry, until ``stopping()``

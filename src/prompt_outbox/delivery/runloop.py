@@ -1,11 +1,12 @@
-"""The run loop: scheduling only. It finds due sessions through the ready index, hands each
-to the engine (``Engine.drain``) in parallel, starts the maintenance passes when they are due,
-and joins everything it started when it stops.
+"""The run loop: scheduling only. It finds due workspaces through the due index, visits each
+(its due sessions go to the engine, ``Engine.drain``, in parallel; its owed OnDelivered calls
+to a maintenance pass), starts the slow passes when they are due, and joins everything it
+started when it stops.
 
-Work is found without scanning the keyspace: every session script keeps a per-workspace ZSET
-of sessions with due work (score = when), and a registry of workspaces. An accept wakes the
-loop at once (``Wakeups`` in this process, a published message across processes), so an idle
-loop starts delivering within milliseconds; ``tick`` only bounds a sleep.
+A tick costs one read per due-index bucket plus one visit per workspace with due work
+(storage/dueindex.py): idle workspaces cost nothing. An accept wakes the loop at once
+(``Wakeups`` in this process, a published message across processes), so an idle loop starts
+delivering within milliseconds; ``tick`` only bounds a sleep.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..core.callbacks import Deliverer, Wiring
-from ..core.keys import SessionKeys
+from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.settings import Tunables
+from ..storage.dueindex import Mark
 from ..storage.store import TRANSIENT_ERRORS, Store
 from .engine import Engine
 from .maintenance import Maintenance
@@ -79,6 +81,7 @@ class RunLoop:
         self.active: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.stopping = False
         self.passes: dict[str, asyncio.Task[None]] = {}
+        self.owed: dict[str, asyncio.Task[None]] = {}  # owed-hook passes, by workspace
         self._loop: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
 
@@ -112,13 +115,13 @@ class RunLoop:
         started = [t for t in (self._loop, self._listener) if t is not None]
         for task in started:
             task.cancel()
-        await join([*started, *self.passes.values(), *self.active.values()])
+        await join([*started, *self.passes.values(), *self.owed.values(), *self.active.values()])
 
     async def _run(self) -> None:
         t = self.tunables
         with contextlib.suppress(*TRANSIENT_ERRORS):
             await self.maintenance.recover()
-        last_sweep = last_repair = last_notices = time.monotonic()
+        last_sweep = last_repair = time.monotonic()
         while not self.stopping:
             self.wake.clear()  # before the read, so a wake-up during it is not lost
             sleep_for = self.tick
@@ -131,12 +134,6 @@ class RunLoop:
                 ):
                     last_sweep = now
                     self._start_pass("ledger sweep", self._ledger_sweep)
-                if (
-                    self.wiring.on_delivered is not None
-                    and now - last_notices >= t.hook_retry_after / 4
-                ):
-                    last_notices = now
-                    self._start_pass("owed hooks", self.maintenance.fire_owed_hooks)
                 if now - last_repair >= t.repair_interval:
                     last_repair = now
                     await self.maintenance.repair()
@@ -151,21 +148,63 @@ class RunLoop:
                     await self.wake.wait()
 
     async def _start_due_sessions(self) -> float:
-        """Start a task per due session not already running here; seconds until the next due."""
-        t = self.tunables
+        """Visit every workspace marked due; seconds until the next mark falls due."""
         now_ms = self.engine.now_ms()
-        workspaces = list(await self.store.workspaces())
-        due, next_ms = await self.store.due_sessions(workspaces, now_ms, limit=t.concurrency)
-        for key in due:
-            if self.stopping or len(self.active) >= t.concurrency:
-                return self.tick  # a finishing session sets the wake event
-            if key not in self.active:
-                task = self.detached.start(self._drain(SessionKeys(*key)))
-                self.active[key] = task
-                task.add_done_callback(self._on_finished(key))
+        marks = await self.store.due.due_marks(now_ms, limit=self.tunables.concurrency)
+        next_ms = marks.next_ms
+        for mark in marks.due:
+            if self.stopping:
+                return self.tick
+            visit_by = await self._visit(mark, now_ms)
+            if visit_by is not None and (next_ms is None or visit_by < next_ms):
+                next_ms = visit_by
         if next_ms is None:
             return self.tick
         return min(self.tick, max(0.0, (next_ms - now_ms) / 1000))
+
+    async def _visit(self, mark: Mark, now_ms: int) -> int | None:
+        """Start the workspace's due sessions not already running here (and its owed hooks),
+        then move its mark to when it next needs a visit. Returns that time (ms), if any."""
+        t = self.tunables
+        lease_ms = self.engine.lease_ms
+        w = WorkspaceKeys(mark.ws)
+        visit = await self.store.due.visit(w, now_ms, limit=t.concurrency)
+        later = [x for x in (visit.next_ready_ms,) if x is not None]
+        if visit.next_notice_ms is not None:
+            if visit.next_notice_ms <= now_ms:
+                self._fire_owed_hooks(w)  # it takes them for hook_retry_after
+                later.append(now_ms + round(t.hook_retry_after * 1000))
+            else:
+                later.append(visit.next_notice_ms)
+        left_due = len(visit.due) >= t.concurrency  # maybe more than the read returned
+        for ses in visit.due:
+            key = (mark.ws, ses)
+            if key not in self.active:
+                if self.stopping or len(self.active) >= t.concurrency:
+                    left_due = True  # a finishing session sets the wake event
+                    break
+                task = self.detached.start(self._drain(SessionKeys(*key)))
+                self.active[key] = task
+                task.add_done_callback(self._on_finished(key))
+            # Held now: due again at its lease's expiry, unless its drain lets go sooner (and
+            # then marks the workspace itself, see Store.release).
+            later.append(now_ms + lease_ms)
+        next_ms = now_ms if left_due else min(later, default=None)
+        await self.store.due.unmark(mark, next_ms, grace_ms=lease_ms)
+        return next_ms
+
+    def _fire_owed_hooks(self, w: WorkspaceKeys) -> None:
+        """Start the workspace's owed-hooks pass unless one is still running."""
+        if self.wiring.on_delivered is None:
+            return
+        running = self.owed.get(w.ws)
+        if running is not None and not running.done():
+            return
+        task = self.detached.start(
+            self._logged("owed hooks", lambda: self.maintenance.fire_owed_hooks(w))
+        )
+        self.owed[w.ws] = task
+        task.add_done_callback(lambda _t: self.owed.pop(w.ws, None))
 
     async def _ledger_sweep(self) -> int:
         return await self.maintenance.sweep_ledger_everywhere(lambda: self.stopping)

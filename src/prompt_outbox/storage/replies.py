@@ -64,10 +64,13 @@ class Acquire(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Acquired:
-    """acquire.lua's answer: the staged entries (STAGED) or the due head (HEAD), raw."""
+    """acquire.lua's answer: the staged entries (STAGED) or the due head (HEAD), raw.
+    ``lowered_ms``: for WAIT / IDLE, the workspace's earliest ready score when letting the
+    lock go moved it earlier (the due index must then be marked), else None."""
 
     kind: Acquire
     entries: list[str]
+    lowered_ms: int | None = None
 
     @property
     def holds_lock(self) -> bool:
@@ -135,11 +138,17 @@ class Forgot(enum.Enum):
     GONE = "gone"
 
 
-class Pruned(enum.Enum):
-    """prune_workspace.lua."""
+class Compared(enum.Enum):
+    """prune_workspace.lua and unmark.lua: compare-and-set against a generation read earlier."""
 
     OK = "ok"
-    CHANGED = "changed"  # an accept touched the workspace since its score was read
+    CHANGED = "changed"  # a writer marked the workspace since its generation was read
+
+
+def lowered_ms(value: Any) -> int | None:
+    """acquire.lua / release.lua's ``m``: ms, or None for ''."""
+    raw = text(value)
+    return int(raw) if raw else None
 
 
 class Ok(enum.Enum):

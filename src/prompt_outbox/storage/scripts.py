@@ -19,6 +19,8 @@ NAMES = (
     "seed",
     "repair",
     "prune_workspace",
+    "mark",
+    "unmark",
     "notified",
     "take_notices",
 )

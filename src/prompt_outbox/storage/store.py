@@ -19,8 +19,9 @@ from valkey.exceptions import ClusterError, NoScriptError, TryAgainError
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
-from ..core.keys import WAKE_CHANNEL, WORKSPACES, SessionKeys, WorkspaceKeys
+from ..core.keys import WAKE_CHANNEL, SessionKeys, WorkspaceKeys
 from . import replies
+from .dueindex import DueIndex, ScriptCall
 from .replies import (
     Accept,
     Accepted,
@@ -32,11 +33,11 @@ from .replies import (
     Held,
     Lock,
     Ok,
-    Pruned,
     Replace,
     Requeue,
     Snapshot,
     Write,
+    lowered_ms,
     parse,
     text,
 )
@@ -61,11 +62,17 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (*UNAVAILABLE, OSError)
 
 @dataclass(frozen=True, slots=True)
 class WorkspaceSessions:
-    """One registered workspace, when an accept last touched it, and the sessions asked for."""
+    """One registered workspace, its registry generation (the server's clock in us at its
+    last mark), and the sessions asked for."""
 
     workspace: WorkspaceKeys
-    touched_ms: int
+    generation: str
     sessions: list[SessionKeys]
+
+    @property
+    def touched_ms(self) -> int:
+        """When a writer last marked the workspace (server clock, ms)."""
+        return int(self.generation) // 1000 if self.generation else 0
 
 
 Client = Valkey | ValkeyCluster
@@ -87,13 +94,14 @@ class Store:
             name: client.register_script(src)  # type: ignore[misc]  # cluster: typed as Valkey's
             for name, src in sources(event_log_len, event_log_ttl_ms).items()
         }
+        self.due = DueIndex(client, self._scripts)
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[name](keys=list(keys), args=list(args))
 
     async def _ok(
         self,
-        kind: type[Held | Lock | Forgot | Pruned],
+        kind: type[Held | Lock | Forgot],
         name: str,
         keys: Sequence[str],
         args: Sequence[Any],
@@ -102,33 +110,38 @@ class Store:
         word, _ = parse(kind, await self._run(name, keys, args))
         return word.name == "OK"
 
-    async def _registered_eval(
+    async def _marked_eval(
         self, ws: str, now_ms: int, name: str, keys: Sequence[str], args: Sequence[Any]
     ) -> Any:
-        """ZADD the workspace registry, EVALSHA, PUBLISH a wake-up, in this order.
+        """Mark the workspace due, run the script, mark it again with the wake-up: in this
+        order (dueindex.py says why). The reply is the script's.
 
-        The registry write goes FIRST so a concurrent prune cannot drop a workspace that is
-        about to hold work (prune_workspace.lua compares the score it read). On a standalone
-        server the three ride one pipelined round trip; on NOSCRIPT (a restarted server) the
-        script did not run, so loading it and sending again is safe. A cluster refuses scripts
-        in a pipeline, and the registry lives in another slot: three calls, same order.
+        On a standalone server the three ride one pipelined round trip; on NOSCRIPT (a
+        restarted server) a script that failed did not run, so loading the scripts and
+        sending again is safe (the marks only ever lower). A cluster refuses scripts in a
+        pipeline, and the marks live in another slot than the workspace: three calls, same
+        order.
         """
+        before = self.due.mark_call(ws, now_ms, wake=False)
+        transition = ScriptCall(self._scripts[name], list(keys), list(args))
+        after = self.due.mark_call(ws, now_ms, wake=True)
         if isinstance(self.client, ValkeyCluster):
-            await self.client.zadd(WORKSPACES, {ws: now_ms})
-            reply = await self._run(name, keys, args)
-            # ValkeyCluster has no publish(); a classic PUBLISH reaches every node's subscribers.
-            await self.client.execute_command("PUBLISH", WAKE_CHANNEL, ws)
+            await before()
+            reply = await transition()
+            await after()
             return reply
-        script = self._scripts[name]
+        calls = (before, transition, after)
         for attempt in (1, 2):
             pipe = self.client.pipeline(transaction=False)
-            pipe.zadd(WORKSPACES, {ws: now_ms})
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-            pipe.publish(WAKE_CHANNEL, ws)
+            for call in calls:
+                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
             answers = await pipe.execute(raise_on_error=False)
-            if isinstance(answers[1], NoScriptError) and attempt == 1:
-                await self.client.script_load(script.script)
+            if attempt == 1 and any(isinstance(a, NoScriptError) for a in answers[:2]):
+                for call in calls:
+                    await self.client.script_load(call.script.script)
                 continue
+            if isinstance(answers[2], NoScriptError):  # the transition ran: only redo the mark
+                answers[2] = await after()
             for answer in answers:
                 if isinstance(answer, Exception):
                     raise answer
@@ -147,18 +160,23 @@ class Store:
         ttl_ms: int,
         now_ms: int,
     ) -> Accepted:
-        """Dedupe, cap, push, then the marker (accept.lua), registered and announced."""
+        """Dedupe, cap, push, then the marker (accept.lua), marked due and announced."""
         keys = [*k.script_keys(), k.dedupe(cmid)]
         args = [k.ses, entry, entry_id, cap, ttl_ms, now_ms]
-        outcome, rest = parse(
-            Accept, await self._registered_eval(k.ws, now_ms, "accept", keys, args)
-        )
+        outcome, rest = parse(Accept, await self._marked_eval(k.ws, now_ms, "accept", keys, args))
         return Accepted(outcome, text(rest[0]) if outcome is Accept.DUPLICATE else "")
 
     async def acquire(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> Acquired:
-        """Take the lock if the session needs a worker, and say for what (acquire.lua)."""
+        """Take the lock if the session needs a worker, and say for what (acquire.lua). A
+        holder's WAIT / IDLE lets its lock go: the due index is marked if that moved the
+        workspace's work earlier."""
         args = [k.ses, lockval, lease_ms, now_ms]
         kind, rest = parse(Acquire, await self._run("acquire", k.script_keys(), args))
+        if kind in (Acquire.WAIT, Acquire.IDLE):
+            lowered = lowered_ms(rest[0])
+            if lowered is not None:
+                await self.due.mark(k.ws, lowered, wake=True)
+            return Acquired(kind, [], lowered)
         return Acquired(kind, [text(x) for x in rest])
 
     async def stage(self, k: SessionKeys, lockval: str, original: str, staged: str) -> Write:
@@ -195,9 +213,15 @@ class Store:
     async def replace(
         self, k: SessionKeys, lockval: str, now_ms: int, pairs: Sequence[tuple[str, str]]
     ) -> Counted[Replace]:
-        """Compare-and-swap whole entry strings; a new '' removes (replace.lua)."""
+        """Compare-and-swap whole entry strings; a new '' removes (replace.lua). Without a
+        lock (``lockval`` '', an operator's edit) the change may make work due at once, so it
+        is marked due and announced like an accept."""
         args = [k.ses, lockval, now_ms, *(s for pair in pairs for s in pair)]
-        outcome, rest = parse(Replace, await self._run("replace", k.script_keys(), args))
+        if lockval:
+            reply = await self._run("replace", k.script_keys(), args)
+        else:
+            reply = await self._marked_eval(k.ws, now_ms, "replace", k.script_keys(), args)
+        outcome, rest = parse(Replace, reply)
         return Counted(outcome, int(rest[0]) if rest else 0)
 
     async def renew(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
@@ -205,11 +229,21 @@ class Store:
         return await self._ok(Held, "renew", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
 
     async def release(self, k: SessionKeys, lockval: str, now_ms: int) -> bool:
-        """Compare-and-delete the lock; False if it was not the caller's (release.lua)."""
-        return await self._ok(Held, "release", k.script_keys(), [k.ses, lockval, now_ms])
+        """Compare-and-delete the lock; False if it was not the caller's (release.lua). Marks
+        the due index if letting go moved the workspace's work earlier."""
+        word, rest = parse(
+            Held, await self._run("release", k.script_keys(), [k.ses, lockval, now_ms])
+        )
+        lowered = lowered_ms(rest[0])
+        if lowered is not None:
+            await self.due.mark(k.ws, lowered, wake=True)
+        return word is Held.OK
 
     async def lock(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
-        """Take the lock unless another holder has it (lock.lua)."""
+        """Take the lock unless another holder has it (lock.lua). The workspace is marked
+        first, by the lease's expiry: a holder that changes entries and dies before its
+        release leaves them due no later than that."""
+        await self.due.mark(k.ws, now_ms + lease_ms, wake=False)
         return await self._ok(Lock, "lock", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
 
     async def notified(self, w: WorkspaceKeys, ses: str, entry_id: str) -> bool:
@@ -230,10 +264,8 @@ class Store:
         return out
 
     async def seed(self, k: SessionKeys, raw: str, now_ms: int) -> None:
-        """Append a raw entry, registered and announced like an accept (seed.lua)."""
-        reply = await self._registered_eval(
-            k.ws, now_ms, "seed", k.script_keys(), [k.ses, raw, now_ms]
-        )
+        """Append a raw entry, marked due and announced like an accept (seed.lua)."""
+        reply = await self._marked_eval(k.ws, now_ms, "seed", k.script_keys(), [k.ses, raw, now_ms])
         parse(Ok, reply)
 
     async def repair(self, k: SessionKeys, now_ms: int) -> None:
@@ -260,10 +292,9 @@ class Store:
                 out.append((text(event_id), {text(a): text(b) for a, b in fields.items()}))
         return out
 
-    async def workspaces(self) -> dict[str, int]:
-        """Registered workspaces -> last accept (ms)."""
-        rows = await self.client.zrange(WORKSPACES, 0, -1, withscores=True)
-        return {text(ws): int(score) for ws, score in rows}
+    async def workspaces(self) -> dict[str, str]:
+        """Registered workspaces -> generation (see ``WorkspaceSessions``)."""
+        return await self.due.workspaces()
 
     async def sessions_of(
         self, w: WorkspaceKeys, *, with_errors: bool = False
@@ -276,31 +307,11 @@ class Store:
     async def all_sessions(self, *, with_errors: bool = False) -> AsyncIterator[WorkspaceSessions]:
         """Every registered workspace with its sessions (see ``sessions_of``): the one walk
         over "all workspaces, all sessions" that maintenance, recovery and counts share."""
-        for ws, touched_ms in (await self.workspaces()).items():
+        for ws, generation in sorted((await self.workspaces()).items()):
             w = WorkspaceKeys(ws)
             yield WorkspaceSessions(
-                w, touched_ms, await self.sessions_of(w, with_errors=with_errors)
+                w, generation, await self.sessions_of(w, with_errors=with_errors)
             )
-
-    async def due_sessions(
-        self, workspaces: Sequence[str], now_ms: int, limit: int
-    ) -> tuple[list[tuple[str, str]], int | None]:
-        """Sessions due now (at most ``limit`` per workspace) and the earliest later score."""
-        if not workspaces:
-            return [], None
-        pipe = self.client.pipeline(transaction=False)
-        for ws in workspaces:
-            ready = WorkspaceKeys(ws).ready
-            pipe.zrangebyscore(ready, "-inf", now_ms, start=0, num=limit)
-            pipe.zrangebyscore(ready, f"({now_ms}", "+inf", start=0, num=1, withscores=True)
-        answers = await pipe.execute(raise_on_error=True)
-        due: list[tuple[str, str]] = []
-        nxt: int | None = None
-        for i, ws in enumerate(workspaces):
-            due.extend((ws, text(ses)) for ses in answers[2 * i])
-            for _, score in answers[2 * i + 1]:
-                nxt = int(score) if nxt is None else min(nxt, int(score))
-        return due, nxt
 
     async def session_entries(self, keys: Sequence[SessionKeys]) -> list[list[str]]:
         """Each session's staging then queue, raw (one pipelined round trip)."""
@@ -320,13 +331,14 @@ class Store:
             pipe.llen(k.staging)
         return [int(n) for n in await pipe.execute(raise_on_error=True)]
 
-    async def prune_idle_workspace(self, w: WorkspaceKeys, score_ms: int) -> bool:
-        """Drop an idle workspace from the registry unless an accept touched it since."""
+    async def prune_idle_workspace(self, w: WorkspaceKeys, generation: str) -> bool:
+        """Drop an idle workspace from the registry unless a writer marked it since
+        ``generation`` was read (that read came first: a racing accept changes it)."""
         sessions: int = await self.client.scard(w.sessions)  # type: ignore[misc]
         owed: int = await self.client.hlen(w.notices)  # type: ignore[misc]
         if sessions or owed:
             return False
-        return await self._ok(Pruned, "prune_workspace", [WORKSPACES], [w.ws, score_ms])
+        return await self.due.prune(w, generation)
 
     async def cleanup_workspace(self, w: WorkspaceKeys) -> int:
         """Delete every key of the workspace (found by pattern: an admin action, not a tick)."""
@@ -339,7 +351,7 @@ class Store:
                 batch.clear()
         if batch:
             removed += int(await self.client.delete(*batch))
-        await self.client.zrem(WORKSPACES, w.ws)
+        await self.due.forget(w)
         return removed
 
     async def ping(self) -> bool:

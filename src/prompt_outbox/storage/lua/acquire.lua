@@ -13,8 +13,9 @@
     {'staged', e1, ...}    staging is not empty (a dead worker's entries, to recover first);
                            the lock is now held
     {'head', e}            the first blocking entry is due; the lock is now held
-    {'wait'}               the head is not due yet; the lock is released
-    {'idle'}               nothing blocks; the lock is released
+    {'wait', m}            the head is not due yet; the lock is released
+    {'idle', m}            nothing blocks; the lock is released
+                           m: as release.lua's (this is how a holder's drain lets go)
 
   Events: none.
 ]]
@@ -35,7 +36,8 @@ if raw and due <= now then
   take_lock(KEYS, ses, lockval, lease, now)
   return {'head', raw}
 end
+local before = earliest(KEYS)
 if cur then redis.call('DEL', KEYS[L]) end
 refresh(KEYS, ses, now)
-if raw then return {'wait'} end
-return {'idle'}
+if raw then return {'wait', lowered(KEYS, before)} end
+return {'idle', lowered(KEYS, before)}

@@ -130,6 +130,21 @@ local function emit_state(K, raw)
   if e then emit(K, e.status, e.id, raw) end
 end
 
+-- The workspace's earliest ready score (ms), or nil when no session needs a worker.
+local function earliest(K)
+  local r = redis.call('ZRANGE', K[READY], 0, 0, 'WITHSCORES')
+  if r[2] then return tonumber(r[2]) end
+  return nil
+end
+
+-- After a holder let its lock go: the workspace's earliest ready score if that moved earlier
+-- than `before` (the run loops' due mark may be later: the caller must mark), else ''.
+local function lowered(K, before)
+  local after = earliest(K)
+  if after and (before == nil or after < before) then return string.format('%d', after) end
+  return ''
+end
+
 local function take_lock(K, ses, lockval, lease, now)
   redis.call('SET', K[L], lockval, 'PX', lease)
   -- If this holder dies, the session is due again when its lease lapses.

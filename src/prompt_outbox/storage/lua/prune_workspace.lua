@@ -1,19 +1,22 @@
 --[[
-  Prune: drop an idle workspace from the registry only if no accept touched it since the
-  caller read its score (an accept re-adds the workspace BEFORE pushing, so this CAS is safe).
+  Prune: drop an idle workspace from its bucket (registry and due index) only if no writer
+  marked it since the caller read its generation (writers mark BEFORE pushing, so this CAS is
+  safe: a racing accept changes the generation and the prune loses).
 
   Input:
-    KEYS[1]    the workspace registry (outboxworkspaces)
+    KEYS[1]    the bucket's due index
+    KEYS[2]    the bucket's registry
     ARGV[1]    workspace ID
-    ARGV[2]    its score, as the caller read it
+    ARGV[2]    its generation, as the caller read it
 
   Output:
     {'ok'}       dropped
-    {'changed'}  an accept touched it since (or it is gone); nothing written
+    {'changed'}  a writer marked it since (or it is gone); nothing written
 
   Events: none.
 ]]
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) == ARGV[2] then
+if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
+  redis.call('HDEL', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[1], ARGV[1])
   return {'ok'}
 end

@@ -1,0 +1,158 @@
+"""The due index (storage/dueindex.py): the ordering rules that keep a mark from going
+missing, the loop's compare-and-set, and a tick whose cost does not grow with idle tenants."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import pytest
+from valkey.asyncio.cluster import ValkeyCluster
+
+from prompt_outbox import Entry, Outbox
+from prompt_outbox.core.keys import LEGACY_WORKSPACES, WorkspaceKeys, buckets
+from prompt_outbox.storage.store import Client, Store
+from tests.agents import ScriptedAgent
+from tests.conftest import FAST, eventually, holds
+
+pytestmark = pytest.mark.cluster_too
+
+ERROR_ENTRY = (
+    '{{"id":"{id}","clientMessageID":"{id}","userID":"u","text":"stuck",'
+    '"acceptedAt":"2026-12-01T00:00:00.000000Z","attempts":5,"lastError":"x","status":"error"}}'
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def score_of(client: Client, ws: str) -> float | None:
+    score: float | None = await client.zscore(WorkspaceKeys(ws).bucket.due, ws)
+    return score
+
+
+async def test_an_accept_marks_its_workspace_due_and_registers_it(
+    outbox: Outbox, client: Client
+) -> None:
+    before = now_ms()
+    await outbox.accept("ws", "s1", "u", "c1", "hi")
+    score = await score_of(client, "ws")
+    assert score is not None and before - 5000 <= score <= now_ms()
+    assert list(await Store(client).workspaces()) == ["ws"]
+
+
+async def test_a_loop_cannot_drop_a_mark_a_writer_renewed_after_its_read(client: Client) -> None:
+    # The loop read the mark, then read the workspace (empty), while an accept marked and
+    # pushed: the loop's compare-and-set must lose, or the accepted entry would go unseen.
+    store, outbox = Store(client), Outbox(client, FAST)
+    await store.due.mark("ws", now_ms(), wake=False)  # a writer that died before its push
+    [stale] = (await store.due.due_marks(now_ms(), limit=10)).due
+    await outbox.accept("ws", "s1", "u", "c1", "hi")  # marks before and after its push
+    assert not await store.due.unmark(stale, None, grace_ms=0)
+    score = await score_of(client, "ws")
+    assert score is not None and score <= now_ms()
+
+
+async def test_a_young_writer_keeps_a_mark_until_its_grace_has_passed(client: Client) -> None:
+    # Marked, transition not seen yet: the loop may not drop the mark, only push it to the
+    # writer's generation + grace (if the writer then dies, its work waits at most that long).
+    store = Store(client)
+    await store.due.mark("ws", now_ms(), wake=False)
+    [mark] = (await store.due.due_marks(now_ms(), limit=10)).due
+    assert await store.due.unmark(mark, None, grace_ms=60_000)
+    settle = int(mark.generation) // 1000 + 60_000
+    assert await score_of(client, "ws") == settle
+    # With no grace left the same unmark drops it.
+    [mark] = (await store.due.due_marks(settle, limit=10)).due
+    assert await store.due.unmark(mark, None, grace_ms=0)
+    assert await score_of(client, "ws") is None
+
+
+async def test_a_stale_mark_costs_one_visit_then_goes(client: Client) -> None:
+    store, outbox = Store(client), Outbox(client, replace(FAST, lease_ttl=0.2))
+    await store.due.mark("ghost", now_ms(), wake=True)  # nothing behind it
+    async with outbox.running(ScriptedAgent(), tick=0.05):
+        await eventually(lambda: _gone(client, "ghost"), within=5)
+
+
+async def _gone(client: Client, ws: str) -> bool:
+    return await score_of(client, ws) is None
+
+
+async def test_a_retry_sooner_than_the_lease_is_not_held_back_by_it(client: Client) -> None:
+    # The loop leaves the mark at the drain's lease expiry (30 s here); the drain's last
+    # acquire lets the lock go with the retry due in 0.2 s, and must mark that.
+    outbox = Outbox(client, replace(FAST, lease_ttl=30.0, retry_backoff=0.2, max_backoff=0.2))
+    agent = ScriptedAgent([RuntimeError("refused")])
+    await outbox.accept("ws", "s1", "u", "c1", "hi")
+    async with outbox.running(agent, tick=5.0):
+        await eventually(lambda: holds(len(agent.calls) == 2), within=5)
+
+
+async def test_an_operator_retry_wakes_the_loop_at_once(client: Client) -> None:
+    outbox = Outbox(client, FAST)
+    delivered: list[str] = []
+
+    async def deliver(ws: str, ses: str, entry: Entry) -> None:
+        delivered.append(entry.text)
+
+    await outbox.seed_entry_for_test("ws", "s1", ERROR_ENTRY.format(id="e1"))
+    async with outbox.running(deliver, tick=10.0):
+        await asyncio.sleep(0.2)
+        assert delivered == []  # an error entry is not due
+        assert (await outbox.retry("ws", "s1", "e1")).name == "UPDATED"
+        await eventually(lambda: holds(delivered == ["stuck"]), within=3)
+
+
+async def test_the_pre_index_registry_is_migrated_at_start(client: Client) -> None:
+    # A store written before the due index: entries, per-workspace ready sets, and the old
+    # registry ZSET, but no buckets. Starting a loop folds it in and delivers.
+    outbox = Outbox(client, FAST)
+    await outbox.accept("old", "s1", "u", "c1", "from before")
+    for b in buckets():
+        await client.delete(b.due, b.registry)
+    await client.zadd(LEGACY_WORKSPACES, {"old": now_ms()})
+    agent = ScriptedAgent()
+    async with outbox.running(agent, tick=0.05):
+        await eventually(lambda: holds(agent.texts == ["from before"]), within=5)
+    assert not await client.exists(LEGACY_WORKSPACES)
+    assert "old" in await Store(client).workspaces()
+
+
+async def _commands(client: Client) -> int:
+    if isinstance(client, ValkeyCluster):
+        stats = await client.info("commandstats", target_nodes=ValkeyCluster.PRIMARIES)
+        rows = [v for node in stats.values() for v in node.values()] if stats else []
+    else:
+        rows = list((await client.info("commandstats")).values())
+    return sum(int(row["calls"]) for row in rows if isinstance(row, dict))
+
+
+async def _no_marks(client: Client) -> bool:
+    return sum([await client.zcard(b.due) for b in buckets()]) == 0
+
+
+async def _idle_commands(client: Client, workspaces: int) -> int:
+    outbox = Outbox(client, replace(FAST, repair_interval=3600.0))
+    for i in range(workspaces):
+        await outbox.seed_entry_for_test(f"w{i}", "s1", ERROR_ENTRY.format(id=f"e{i}"))
+    async with outbox.running(ScriptedAgent(), tick=0.05):
+        # The start-up recovery pass and one visit per seeded workspace (its mark) come first.
+        await eventually(lambda: _no_marks(client), within=30, interval=0.1)
+        before = await _commands(client)
+        await asyncio.sleep(1.0)  # about 20 ticks
+        return await _commands(client) - before
+
+
+@pytest.mark.parametrize("idle", [300])
+async def test_an_idle_tick_costs_the_same_with_many_idle_workspaces(
+    client: Client, idle: int
+) -> None:
+    few = await _idle_commands(client, 3)
+    many = await _idle_commands(client, idle)
+    # A count, not a time: about one read per bucket per tick either way (the figure that
+    # grew with the tenants before the index was ~2 per workspace per tick).
+    assert many <= few * 1.5 + 20, (few, many)
+    assert many < idle  # O(workspaces) per tick would be at least 20 x idle here
