@@ -34,6 +34,7 @@ from .delivery.lease import held_for
 from .delivery.maintenance import Maintenance
 from .delivery.runloop import RunLoop, Wakeups
 from .delivery.tasks import Detached
+from .storage.feed import EventFeed, FeedLimits
 from .storage.replies import Accept, Snapshot
 from .storage.store import Client, Store
 
@@ -47,12 +48,20 @@ class Outbox:
     """A durable per-session outbox of prompts on Valkey. Safe for concurrent use.
 
     ``client`` is a ``valkey.asyncio.Valkey`` or a ``valkey.asyncio.cluster.ValkeyCluster``,
-    borrowed: the caller owns its lifecycle.
+    borrowed: the caller owns its lifecycle. ``aclose`` closes what the Outbox opened itself
+    (the event feed's subscription connections).
     ``clock`` returns the current aware UTC time (tests pass a controllable one).
+    ``feed`` bounds how ``watch`` shares connections (``storage/feed.py``: concurrent reads,
+    a reader's unread events, the safety poll).
     """
 
     def __init__(
-        self, client: Client, tunables: Tunables | None = None, *, clock: Clock | None = None
+        self,
+        client: Client,
+        tunables: Tunables | None = None,
+        *,
+        clock: Clock | None = None,
+        feed: FeedLimits | None = None,
     ) -> None:
         self.tunables = tunables or Tunables()
         t = self.tunables
@@ -68,6 +77,12 @@ class Outbox:
         self._admin = Admin(self._store, self._engine, self._maintenance, self.metrics)
         self._detached = Detached()
         self._wakeups = Wakeups()
+        self._feed = EventFeed(self._store, feed)
+
+    async def aclose(self) -> None:
+        """End every open ``watch`` (with ``StreamEnded``) and close the connections the
+        Outbox made for them. The client stays open: it is the caller's."""
+        await self._feed.aclose()
 
     # -- wiring (call before run) --------------------------------------------------------
 
@@ -168,25 +183,29 @@ class Outbox:
         no reset, while the capped log still holds everything after it; otherwise it starts
         with a reset. A reset and its position are read together: nothing is skipped. A bad
         ``last_event_id`` raises ``InvalidEventId`` (a ValueError) before anything is read.
+
+        Every watch of this Outbox shares its few connections (``storage/feed.py``). A caller
+        that leaves more than ``FeedLimits.max_behind`` events unread gets ``FellBehind`` (a
+        ``StreamEnded``, as ``aclose`` gives): resume with the last event ID it got.
         """
         k = session_keys(workspace_id, session_id)
         if last_event_id is not None:
             parse_event_id(last_event_id)
-        snap = await self._store.snapshot(k)
+        snap = await self._feed.snapshot(k)  # bounded like the feed's reads: streams open in bursts
         ttl_ms = round(self.tunables.event_log_ttl * 1000)
         position = last_event_id
         if position is None or missed_events(position, snap.log, ttl_ms):
             position = snap.log.position()
             yield QueueReset(position, self._listed(snap))
-        while True:
-            batch = await self._store.read_events(k, position, round(poll * 1000), 100)
-            if not batch:
-                yield None
-            for event_id, fields in batch:
-                position = event_id
-                raw = fields.get("entry", "")
-                entry = decode_entry(raw) if raw else None
-                yield QueueEvent(event_id, fields.get("kind", ""), fields.get("id", ""), entry)
+        with self._feed.follow(k, position) as follower:
+            while True:
+                batch = await follower.next(poll)
+                if not batch:
+                    yield None
+                for event_id, fields in batch:
+                    raw = fields.get("entry", "")
+                    entry = decode_entry(raw) if raw else None
+                    yield QueueEvent(event_id, fields.get("kind", ""), fields.get("id", ""), entry)
 
     async def ping(self) -> bool:
         """True when Valkey answers (readiness); raises the client's error when it does not."""

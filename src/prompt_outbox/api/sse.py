@@ -1,5 +1,9 @@
 """Server-sent events for one session: ``queue.reset`` (the whole queue) first, then a
-``queue.update`` per change, each with the event log's ID so ``Last-Event-ID`` resumes."""
+``queue.update`` per change, each with the event log's ID so ``Last-Event-ID`` resumes.
+
+A stream also ends, cleanly, when its client falls too far behind (the feed's ``FellBehind``)
+or the process shuts down: the client's EventSource reconnects after ``RETRY_MS`` with the
+last ID it got, and resumes exactly after it (or gets a reset if the capped log moved on)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..core.entry import encode_list
 from ..core.events import QueueEvent, QueueReset
+from ..storage.feed import StreamEnded
 from ..storage.store import TRANSIENT_ERRORS
 
 log = logging.getLogger("prompt_outbox.api")
@@ -34,7 +39,8 @@ async def event_stream(
     disconnected: Callable[[], Awaitable[bool]],
 ) -> AsyncIterator[str]:
     """The response body: ``first`` (already read, so a dead Valkey was a 503), then the rest
-    until the client leaves. A Valkey error ends the stream; the client resumes by its ID."""
+    until the client leaves. A Valkey error, a client too slow to keep up, or a shutdown ends
+    the stream; the client resumes by its ID."""
     yield f"retry: {RETRY_MS}\n\n"
     if first is not None:
         yield format_item(first)
@@ -52,5 +58,7 @@ async def event_stream(
                 yield ": keepalive\n\n"
     except TRANSIENT_ERRORS as exc:
         log.warning("event stream ended: Valkey is unreachable: %s", exc)
+    except StreamEnded as exc:  # a slow client frees its buffer; it resumes where it was
+        log.info("event stream ended: %s", exc)
     finally:
         await items.aclose()  # type: ignore[attr-defined]

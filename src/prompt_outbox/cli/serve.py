@@ -139,7 +139,8 @@ def serve(
 
     async def main() -> None:
         opened = open_outbox(valkey_url, data_dir, strict_durability, tunables_json)
-        async with opened as outbox, delivering(outbox, chosen):
+        # aclosing: the event streams' shared connections close before the client does.
+        async with opened as outbox, contextlib.aclosing(outbox), delivering(outbox, chosen):
             limits = StreamLimits(per_process=max_streams, per_token=max_streams_per_token)
             await run_api(outbox, tokens, host, port, limits)
 

@@ -1,0 +1,220 @@
+"""The event feed behind every watch, on real servers: streams share a few connections, an
+event arrives on its notice (not at the next poll), a reader that falls behind is cut off and
+resumes exactly, and no event is lost to a killed subscription, a restart or a moved slot."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from pathlib import Path
+
+import pytest
+from valkey.asyncio import Valkey
+from valkey.asyncio.cluster import ValkeyCluster
+
+from prompt_outbox import Duplicate, Outbox, OutboxFull
+from prompt_outbox.core.events import QueueEvent, QueueReset
+from prompt_outbox.core.keys import session_keys
+from prompt_outbox.embedded import EmbeddedValkey
+from prompt_outbox.storage.connect import connect
+from prompt_outbox.storage.feed import FeedLimits, FellBehind
+from prompt_outbox.storage.store import TRANSIENT_ERRORS, Client
+from tests.cluster import LocalCluster, migrate_slot, owner_of
+from tests.conftest import FAST, eventually, holds
+from tests.test_events import take
+from tests.test_shardsub import kill_subscriptions, masters
+
+pytestmark = pytest.mark.cluster_too
+
+WS, SES = "ws", "s1"
+QUIET = 60.0  # a poll this long never fires in a test: only a notice (or a re-subscription) wakes
+
+
+class Watch:
+    """A watch consumed in the background, its non-quiet items collected."""
+
+    def __init__(self, outbox: Outbox, ws: str, ses: str, poll: float = QUIET) -> None:
+        self.items: list[QueueEvent | QueueReset] = []
+        self._stream = outbox.watch(ws, ses, poll=poll)
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async for item in self._stream:
+            if item is not None:
+                self.items.append(item)
+
+    def accepted(self) -> list[str]:
+        return [i.entry_id for i in self.items if isinstance(i, QueueEvent)]
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self._stream.aclose()  # type: ignore[attr-defined]
+
+
+async def connected(client: Client) -> int:
+    """Client connections on the server (summed over the primaries of a cluster)."""
+    if isinstance(client, ValkeyCluster):
+        per_node = await client.info("clients", target_nodes=ValkeyCluster.PRIMARIES)
+        return sum(int(info["connected_clients"]) for info in per_node.values())
+    return int((await client.info("clients"))["connected_clients"])
+
+
+async def accept(outbox: Outbox, ws: str, ses: str, cmid: str) -> str:
+    """Accept like a careful client: on no answer (a slot moving), the same cmid again."""
+    while True:
+        try:
+            return (await outbox.accept(ws, ses, "u", cmid, cmid)).id
+        except Duplicate as dup:
+            return dup.accepted_id
+        except (OutboxFull, *TRANSIENT_ERRORS):  # type: ignore[misc]
+            await asyncio.sleep(0.02)
+
+
+async def test_many_watches_share_a_few_connections(outbox: Outbox, client: Client) -> None:
+    before = await connected(client)
+    where = [(f"ws{n % 20}", f"s{n}") for n in range(200)]
+    watches = [Watch(outbox, ws, ses) for ws, ses in where]
+    try:
+        await eventually(lambda: holds(all(w.items for w in watches)))  # every reset
+        ids = [await accept(outbox, ws, ses, "c1") for ws, ses in where]
+        await eventually(lambda: holds([w.accepted() for w in watches] == [[i] for i in ids]))
+        # Blocked reads held one connection per watch (200); now, whatever the count: one
+        # subscription per node, and the reads' pooled connections (at most FeedLimits.reads
+        # in flight at once; a cluster client pools per node, so per node).
+        added = await connected(client) - before
+        assert added <= await masters(client) * (FeedLimits().reads + 1) + 2, added
+    finally:
+        for w in watches:
+            await w.close()
+    # The last watch out unsubscribes: the subscription connections close.
+    await eventually(lambda: _pubsub_clients(client, 0))
+
+
+async def _pubsub_clients(client: Client, expected: int) -> bool:
+    if isinstance(client, ValkeyCluster):
+        per_node = await client.info("clients", target_nodes=ValkeyCluster.PRIMARIES)
+        return sum(int(info["pubsub_clients"]) for info in per_node.values()) == expected
+    return int((await client.info("clients"))["pubsub_clients"]) == expected
+
+
+async def test_an_event_comes_on_its_notice_not_at_the_next_poll(outbox: Outbox) -> None:
+    watch = Watch(outbox, WS, SES)
+    try:
+        await eventually(lambda: holds(len(watch.items) == 1))
+        for n in range(5):
+            ids = [await accept(outbox, WS, SES, f"c{n}")]
+            await eventually(lambda: holds(watch.accepted()[-1:] == ids), within=1.0)  # noqa: B023
+    finally:
+        await watch.close()
+
+
+async def test_a_reader_that_falls_behind_is_cut_off_and_resumes_exactly(client: Client) -> None:
+    outbox = Outbox(client, FAST, feed=FeedLimits(max_behind=5))
+    stream = outbox.watch(WS, SES, poll=0.05)
+    got: list[QueueEvent] = []
+    try:
+        assert isinstance(await anext(stream), QueueReset)
+        first = await accept(outbox, WS, SES, "c0")
+        while not got:
+            item = await anext(stream)
+            if isinstance(item, QueueEvent):
+                got.append(item)
+        assert got[0].entry_id == first
+        # The reader stops reading while 12 more events are logged: more than it may leave.
+        rest = [await accept(outbox, WS, SES, f"c{n}") for n in range(1, 13)]
+        await asyncio.sleep(0.3)
+        with pytest.raises(FellBehind):  # after what was buffered: every cut-off moves it on
+            async for item in stream:
+                if isinstance(item, QueueEvent):
+                    got.append(item)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert 1 < len(got) <= 1 + 5
+    # It comes back with the last ID it got: exactly the rest, no reset. (The backlog is more
+    # than max_behind: a resume reads it a buffer at a time and is not cut off for it.)
+    resumed = await take(outbox, len(rest) + 1 - len(got), last=got[-1].event_id)
+    assert all(isinstance(e, QueueEvent) for e in resumed)
+    assert [e.entry_id for e in got + resumed if isinstance(e, QueueEvent)] == [first, *rest]
+
+
+async def test_a_killed_subscription_loses_no_event(outbox: Outbox, client: Client) -> None:
+    watches = [Watch(outbox, f"ws{n}", SES) for n in range(6)]
+    try:
+        await eventually(lambda: holds(all(w.items for w in watches)))
+        first = [await accept(outbox, f"ws{n}", SES, "c0") for n in range(6)]
+        await eventually(lambda: holds([w.accepted() for w in watches] == [[i] for i in first]))
+        await kill_subscriptions(client)
+        # Logged while the subscriptions are down or being made again: the re-subscription's
+        # look back finds them (well before the 30-second safety poll).
+        then = [await accept(outbox, f"ws{n}", SES, "c1") for n in range(6)]
+        want = [[a, b] for a, b in zip(first, then, strict=True)]
+        await eventually(lambda: holds([w.accepted() for w in watches] == want), within=5.0)
+    finally:
+        for w in watches:
+            await w.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_restarted_server_loses_no_event(tmp_path: Path, server_kind: str) -> None:
+    if server_kind != "standalone":
+        pytest.skip("a cluster node restart is a failover: the chaos suite's")
+    server = EmbeddedValkey(tmp_path / "valkey")
+    server.start()
+    client = connect(server.url, socket_timeout=5)
+    outbox = Outbox(client, FAST)
+    watch = Watch(outbox, WS, SES)
+    try:
+        await eventually(lambda: holds(len(watch.items) == 1))
+        first = await accept(outbox, WS, SES, "c0")
+        await eventually(lambda: holds(watch.accepted() == [first]))
+        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.start)
+        then = await accept(outbox, WS, SES, "c1")
+        await eventually(lambda: holds(watch.accepted() == [first, then]), within=10.0)
+    finally:
+        await watch.close()
+        await outbox.aclose()
+        await client.aclose()
+        server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_a_moved_slot_loses_no_event(valkey_cluster: LocalCluster) -> None:
+    client = connect(valkey_cluster.url, socket_timeout=5)
+    assert isinstance(client, ValkeyCluster)
+    await client.flushall(target_nodes=ValkeyCluster.PRIMARIES)
+    outbox = Outbox(client, dataclasses.replace(FAST, cap=100))
+    ws, sessions = "moving-events", [f"s{n}" for n in range(4)]
+    watches = [Watch(outbox, ws, ses) for ses in sessions]
+    slot = client.keyslot(session_keys(ws, "s0").events)
+    source = owner_of(valkey_cluster.ports, slot)
+    target = next(p for p in valkey_cluster.ports if p != source)
+    ids: dict[str, list[str]] = {ses: [] for ses in sessions}
+
+    async def traffic(count: int) -> None:
+        for _ in range(count):
+            for ses in sessions:
+                ids[ses].append(await accept(outbox, ws, ses, f"c{len(ids[ses])}"))
+            await asyncio.sleep(0.01)
+
+    try:
+        await eventually(lambda: holds(all(w.items for w in watches)))
+        mover = asyncio.to_thread(migrate_slot, valkey_cluster.ports, slot, target, 0.01)
+        await asyncio.gather(traffic(30), mover)
+        assert owner_of(valkey_cluster.ports, slot) == target
+        await traffic(3)  # after the move: only the re-subscription on the new owner hears it
+        want = [ids[ses] for ses in sessions]
+        await eventually(lambda: holds([w.accepted() for w in watches] == want), within=10.0)
+        # The sessions' channels followed their slot: the new owner serves a subscription.
+        async with Valkey(host="127.0.0.1", port=target) as node:
+            assert int((await node.info("clients"))["pubsub_clients"]) >= 1
+        async with Valkey(host="127.0.0.1", port=source) as node:
+            await eventually(lambda: _pubsub_clients(node, 0))
+    finally:
+        for w in watches:
+            await w.close()
+        await outbox.aclose()
+        await client.aclose()
