@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from valkey.asyncio import Valkey
 from valkey.asyncio.cluster import ValkeyCluster
 
 from prompt_outbox import Duplicate, Outbox, OutboxFull
+from prompt_outbox.api.sse import event_stream
 from prompt_outbox.core.events import QueueEvent, QueueReset
 from prompt_outbox.core.keys import session_keys
 from prompt_outbox.embedded import EmbeddedValkey
@@ -138,6 +140,19 @@ async def test_a_reader_that_falls_behind_is_cut_off_and_resumes_exactly(client:
     resumed = await take(outbox, len(rest) + 1 - len(got), last=got[-1].event_id)
     assert all(isinstance(e, QueueEvent) for e in resumed)
     assert [e.entry_id for e in got + resumed if isinstance(e, QueueEvent)] == [first, *rest]
+
+
+async def test_sse_ends_a_stream_that_fell_behind_cleanly_after_its_last_event() -> None:
+    async def items() -> AsyncIterator[QueueEvent | QueueReset | None]:
+        yield QueueEvent("5-0", "accepted", "e1", None)
+        raise FellBehind("over 5 events unread")
+
+    async def connected() -> bool:
+        return False
+
+    body = [chunk async for chunk in event_stream(None, items(), connected)]
+    # The last event, then the end (no error): EventSource reconnects with Last-Event-ID 5-0.
+    assert body[-1].startswith("id: 5-0\nevent: queue.update\n")
 
 
 async def test_a_killed_subscription_loses_no_event(outbox: Outbox, client: Client) -> None:
