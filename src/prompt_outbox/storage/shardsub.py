@@ -12,7 +12,8 @@ client has no pub/sub, so each link is a plain connection made with the client's
 The slot map is this module's, read with CLUSTER SLOTS and patched by MOVED replies: when a
 slot moves, its old owner pushes ``sunsubscribe``; the link asks again, the old owner answers
 MOVED with the new address, and the channel follows it. A link that fails hands its channels
-back, and they are routed again (after a fresh CLUSTER SLOTS) after ``retry_after``.
+back, and they are routed again (after a fresh CLUSTER SLOTS) after ``retry_after``, doubled
+at each failure in a row up to 20 times that (a server down is not asked 2 times a second).
 
 Not a queue: ``on_notice`` runs synchronously on the reading task, so it must be quick (set
 flags, wake tasks) and there is nothing to buffer. Channel names are general: the event feed
@@ -78,6 +79,7 @@ class ShardSubscriber:
         self._kick = asyncio.Event()
         self._router: asyncio.Task[None] | None = None
         self._backoff = False
+        self._delay = retry_after  # grows while failures follow each other
         self._closed = False
 
     @property
@@ -132,6 +134,10 @@ class ShardSubscriber:
             self.on_notice(channel, message)
         except Exception:
             log.exception("shard subscriptions: the notice callback failed")
+
+    def connected_again(self) -> None:
+        """A link subscribed: the next failure waits ``retry_after`` again."""
+        self._delay = self.retry_after
 
     def moved(self, slot: int, address: Address) -> None:
         """A node answered MOVED for ``slot``: its channels go to the link at ``address``."""
@@ -189,7 +195,8 @@ class ShardSubscriber:
             self._kick.clear()
             if self._backoff:
                 self._backoff = False
-                await asyncio.sleep(self.retry_after)
+                await asyncio.sleep(self._delay)
+                self._delay = min(self._delay * 2, self.retry_after * 20)
             try:
                 owners = await self._owners(sorted(self._unrouted))
             except Exception as exc:  # the next attempt reads the map again
@@ -347,6 +354,7 @@ class _Link:
             if channel in self.channels:
                 self.owner.notify(channel, _str(payload))
         elif kind == "ssubscribe":
+            self.owner.connected_again()
             if channel in self.channels:
                 self.owner.notify(channel, None)  # subscribed from now: look back once
         elif kind == "sunsubscribe":
