@@ -47,10 +47,10 @@ async def test_a_loop_cannot_drop_a_mark_a_writer_renewed_after_its_read(client:
     # The loop read the mark, then read the workspace (empty), while an accept marked and
     # pushed: the loop's compare-and-set must lose, or the accepted entry would go unseen.
     store, outbox = Store(client), Outbox(client, FAST)
-    await store.due.mark("ws", now_ms(), wake=False)  # a writer that died before its push
+    await store.due.mark("ws", now_ms(), after=False)  # a writer that died before its push
     [stale] = (await store.due.due_marks(now_ms(), limit=10)).due
     await outbox.accept("ws", "s1", "u", "c1", "hi")  # marks before and after its push
-    assert not await store.due.unmark(stale, None, grace_ms=0)
+    assert await store.due.unmark([(stale, None)], grace_ms=0) == [False]
     score = await score_of(client, "ws")
     assert score is not None and score <= now_ms()
 
@@ -59,20 +59,30 @@ async def test_a_young_writer_keeps_a_mark_until_its_grace_has_passed(client: Cl
     # Marked, transition not seen yet: the loop may not drop the mark, only push it to the
     # writer's generation + grace (if the writer then dies, its work waits at most that long).
     store = Store(client)
-    await store.due.mark("ws", now_ms(), wake=False)
+    await store.due.mark("ws", now_ms(), after=False)
     [mark] = (await store.due.due_marks(now_ms(), limit=10)).due
-    assert await store.due.unmark(mark, None, grace_ms=60_000)
+    assert await store.due.unmark([(mark, None)], grace_ms=60_000) == [True]
     settle = int(mark.generation) // 1000 + 60_000
     assert await score_of(client, "ws") == settle
     # With no grace left the same unmark drops it.
     [mark] = (await store.due.due_marks(settle, limit=10)).due
-    assert await store.due.unmark(mark, None, grace_ms=0)
+    assert await store.due.unmark([(mark, None)], grace_ms=0) == [True]
+    assert await score_of(client, "ws") is None
+
+
+async def test_a_mark_after_a_landed_change_needs_no_grace(client: Client) -> None:
+    # The writer's second mark says its transition is in place: the visit saw it, so the
+    # loop may drop the mark at once (no second visit a lease later).
+    store = Store(client)
+    await store.due.mark("ws", now_ms(), after=True)
+    [mark] = (await store.due.due_marks(now_ms(), limit=10)).due
+    assert await store.due.unmark([(mark, None)], grace_ms=60_000) == [True]
     assert await score_of(client, "ws") is None
 
 
 async def test_a_stale_mark_costs_one_visit_then_goes(client: Client) -> None:
     store, outbox = Store(client), Outbox(client, replace(FAST, lease_ttl=0.2))
-    await store.due.mark("ghost", now_ms(), wake=True)  # nothing behind it
+    await store.due.mark("ghost", now_ms(), after=False)  # its writer died: nothing behind it
     async with outbox.running(ScriptedAgent(), tick=0.05):
         await eventually(lambda: _gone(client, "ghost"), within=5)
 

@@ -23,6 +23,9 @@ from .tasks import never
 
 log = logging.getLogger("prompt_outbox.maintenance")
 
+RECOVER_BATCH = 256
+"""Sessions whose staging lengths recovery reads in one pipelined round trip."""
+
 OWED_HOOKS_PER_PASS = 100
 """Owed OnDelivered calls taken per workspace per pass (the rest wait for the next pass)."""
 
@@ -48,13 +51,23 @@ class Maintenance:
         """
         await self.store.due.migrate_legacy_registry(self.engine.now_ms())
         total = 0
+        batch: list[SessionKeys] = []
         async for found in self.store.all_sessions():
-            if not found.sessions:
-                continue
-            lengths = await self.store.staging_lengths(found.sessions)
-            for k, n in zip(found.sessions, lengths, strict=True):
-                if n:
-                    total += await self.engine.recover_session(k)
+            batch.extend(found.sessions)
+            if len(batch) >= RECOVER_BATCH:
+                total += await self._recover_staged(batch)
+                batch = []
+        return total + await self._recover_staged(batch)
+
+    async def _recover_staged(self, sessions: list[SessionKeys]) -> int:
+        """Recover those of ``sessions`` whose staging is not empty (one read for all)."""
+        if not sessions:
+            return 0
+        total = 0
+        lengths = await self.store.staging_lengths(sessions)
+        for k, n in zip(sessions, lengths, strict=True):
+            if n:
+                total += await self.engine.recover_session(k)
         return total
 
     async def repair(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from ..core.callbacks import Deliverer, Wiring
 from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.settings import Tunables
-from ..storage.dueindex import Mark
+from ..storage.dueindex import Mark, Visit
 from ..storage.store import TRANSIENT_ERRORS, Store
 from .engine import Engine
 from .maintenance import Maintenance
@@ -82,6 +82,7 @@ class RunLoop:
         self.stopping = False
         self.passes: dict[str, asyncio.Task[None]] = {}
         self.owed: dict[str, asyncio.Task[None]] = {}  # owed-hook passes, by workspace
+        self.woken: set[str] = set()  # workspaces named by wake-ups since the last pass
         self._loop: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
 
@@ -148,37 +149,40 @@ class RunLoop:
                     await self.wake.wait()
 
     async def _start_due_sessions(self) -> float:
-        """Visit every workspace marked due; seconds until the next mark falls due."""
+        """Visit the workspaces a wake-up named, then every workspace marked due; seconds
+        until the next mark falls due."""
+        limit = self.tunables.concurrency
         now_ms = self.engine.now_ms()
-        marks = await self.store.due.due_marks(now_ms, limit=self.tunables.concurrency)
-        next_ms = marks.next_ms
-        for mark in marks.due:
-            if self.stopping:
-                return self.tick
-            visit_by = await self._visit(mark, now_ms)
-            if visit_by is not None and (next_ms is None or visit_by < next_ms):
-                next_ms = visit_by
-        if next_ms is None:
+        woken, self.woken = self.woken, set()
+        if woken:  # no bucket scan first: the delivery starts one round trip sooner
+            await self._visit(await self.store.due.visits_of(sorted(woken), now_ms, limit), now_ms)
+        found, next_ms = await self.store.due.due_visits(now_ms, limit)
+        later = await self._visit(found, now_ms)
+        times = [t for t in (next_ms, later) if t is not None]
+        if not times:
             return self.tick
-        return min(self.tick, max(0.0, (next_ms - now_ms) / 1000))
+        return min(self.tick, max(0.0, (min(times) - now_ms) / 1000))
 
-    async def _visit(self, mark: Mark, now_ms: int) -> int | None:
-        """Start the workspace's due sessions not already running here (and its owed hooks),
-        then move its mark to when it next needs a visit. Returns that time (ms), if any."""
+    async def _visit(self, found: list[tuple[Mark, Visit]], now_ms: int) -> int | None:
+        """Start what each visit found, then move its mark; the earliest new mark (ms)."""
+        moves = [(mark, self._start(mark.ws, visit, now_ms)) for mark, visit in found]
+        await self.store.due.unmark(moves, grace_ms=self.engine.lease_ms)
+        return min((m for _, m in moves if m is not None), default=None)
+
+    def _start(self, ws: str, visit: Visit, now_ms: int) -> int | None:
+        """Start the workspace's due sessions not already running here (and its owed hooks);
+        when it next needs a visit (ms), or None."""
         t = self.tunables
-        lease_ms = self.engine.lease_ms
-        w = WorkspaceKeys(mark.ws)
-        visit = await self.store.due.visit(w, now_ms, limit=t.concurrency)
         later = [x for x in (visit.next_ready_ms,) if x is not None]
         if visit.next_notice_ms is not None:
             if visit.next_notice_ms <= now_ms:
-                self._fire_owed_hooks(w)  # it takes them for hook_retry_after
+                self._fire_owed_hooks(WorkspaceKeys(ws))  # it takes them for hook_retry_after
                 later.append(now_ms + round(t.hook_retry_after * 1000))
             else:
                 later.append(visit.next_notice_ms)
         left_due = len(visit.due) >= t.concurrency  # maybe more than the read returned
         for ses in visit.due:
-            key = (mark.ws, ses)
+            key = (ws, ses)
             if key not in self.active:
                 if self.stopping or len(self.active) >= t.concurrency:
                     left_due = True  # a finishing session sets the wake event
@@ -188,10 +192,8 @@ class RunLoop:
                 task.add_done_callback(self._on_finished(key))
             # Held now: due again at its lease's expiry, unless its drain lets go sooner (and
             # then marks the workspace itself, see Store.release).
-            later.append(now_ms + lease_ms)
-        next_ms = now_ms if left_due else min(later, default=None)
-        await self.store.due.unmark(mark, next_ms, grace_ms=lease_ms)
-        return next_ms
+            later.append(now_ms + self.engine.lease_ms)
+        return now_ms if left_due else min(later, default=None)
 
     def _fire_owed_hooks(self, w: WorkspaceKeys) -> None:
         """Start the workspace's owed-hooks pass unless one is still running."""
@@ -232,6 +234,7 @@ class RunLoop:
                     if self.stopping:
                         return
                     if ws:
+                        self.woken.add(ws)
                         self.wake.set()
             except asyncio.CancelledError:
                 raise

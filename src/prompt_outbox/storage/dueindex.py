@@ -9,16 +9,17 @@ The marks live in other slots than the workspaces, so no script can update both:
 that keeps this safe is the seed's stage-out ordering, applied to an index.
 
 - A writer whose transition may make work due sooner marks BEFORE it (``mark``: ZADD LT, and a
-  new generation in the bucket's registry) and again AFTER it, with the wake-up. A crash before
-  the transition leaves a stale mark (one empty visit); a crash after it leaves the first mark.
+  new generation in the bucket's registry, odd) and again AFTER it (even), with the wake-up.
+  A crash before the transition leaves a stale mark (one empty visit); a crash after it
+  leaves the first mark.
 - A holder letting a lock go (release, a drain's last acquire) marks after, when its script
   says the workspace's earliest work moved earlier. While a lock is held the mark is no later
   than its lease expiry (the loop put it there), so a crash before that mark costs at most a
   lease.
 - A loop raises or drops a mark only by compare-and-set (``unmark``) against the mark and
   generation it read BEFORE it read the workspace: a writer that marked since wins. A writer
-  that marked before the read but whose transition may not have landed yet (its generation is
-  younger than ``grace``) keeps a mark no later than generation + grace.
+  whose last mark came before its transition (an odd generation younger than ``grace``: it
+  may not have landed yet) keeps a mark no later than generation + grace.
 
 The registry HASH (workspace -> generation, the server's clock in microseconds) is also the
 list of workspaces that admin and maintenance walk. docs/design.md, "Finding due work", has the
@@ -27,10 +28,12 @@ whole argument.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
 
 from ..core.keys import LEGACY_WORKSPACES, WAKE_CHANNEL, BucketKeys, WorkspaceKeys, buckets
@@ -78,8 +81,21 @@ class ScriptCall:
         return await self.script(keys=self.keys, args=self.args)
 
 
+_Found = tuple[BucketKeys, list[tuple[str, int]]]
+"""A bucket and its due marks (workspace, score), as one scan read them."""
+
+
 def _scored(rows: Sequence[Any]) -> list[tuple[str, int]]:
     return [(text(member), int(score)) for member, score in rows]
+
+
+def _visit(due: Sequence[Any], later: Sequence[Any], notice: Sequence[Any]) -> Visit:
+    """A visit from its three reads (``DueIndex._queue_visit``)."""
+    return Visit(
+        [text(ses) for ses in due],
+        _scored(later)[0][1] if later else None,
+        _scored(notice)[0][1] if notice else None,
+    )
 
 
 class DueIndex:
@@ -91,28 +107,29 @@ class DueIndex:
 
     # -- writers ---------------------------------------------------------------------------
 
-    def mark_call(self, ws: str, by_ms: int, *, wake: bool) -> ScriptCall:
+    def mark_call(self, ws: str, by_ms: int, *, after: bool) -> ScriptCall:
         """One mark, unsent (the Store pipelines it around a transition)."""
         keys = WorkspaceKeys(ws).bucket.script_keys()
-        args = [ws, by_ms, "1" if wake else "0", WAKE_CHANNEL]
+        args = [ws, by_ms, "1" if after else "0", WAKE_CHANNEL]
         return ScriptCall(self._scripts["mark"], keys, args)
 
-    async def mark(self, ws: str, by_ms: int, *, wake: bool) -> None:
-        """Some loop must visit ``ws`` by ``by_ms`` (only ever lowers a mark); ``wake``
-        publishes the workspace, so idle loops look at once."""
-        parse(Ok, await self.mark_call(ws, by_ms, wake=wake)())
+    async def mark(self, ws: str, by_ms: int, *, after: bool) -> None:
+        """Some loop must visit ``ws`` by ``by_ms`` (only ever lowers a mark). ``after``: the
+        change is in place (it also publishes the workspace, so idle loops look at once);
+        otherwise the mark comes before a transition that may not land."""
+        parse(Ok, await self.mark_call(ws, by_ms, after=after)())
 
     # -- the run loop ----------------------------------------------------------------------
 
-    async def due_marks(self, now_ms: int, limit: int) -> DueMarks:
-        """The marks due now (at most ``limit`` per bucket) with their generations, and the
-        earliest later mark: one read per bucket, plus one per bucket holding due marks."""
+    async def _scan(self, now_ms: int, limit: int) -> tuple[list[_Found], int | None]:
+        """One read per bucket: its due marks (at most ``limit``) and the earliest later one
+        (``now_ms`` when a bucket may hold more due marks than it gave)."""
         every = buckets()
         pipe = self.client.pipeline(transaction=False)
         for b in every:
             pipe.zrange(b.due, 0, limit - 1, withscores=True)
         answers = await pipe.execute(raise_on_error=True)
-        found: list[tuple[BucketKeys, list[tuple[str, int]]]] = []
+        found: list[_Found] = []
         next_ms: int | None = None
         for b, rows in zip(every, answers, strict=True):
             due = []
@@ -123,46 +140,103 @@ class DueIndex:
                     next_ms = score
             if due:
                 found.append((b, due))
-        if not found:
-            return DueMarks([], next_ms)
-        pipe = self.client.pipeline(transaction=False)
-        for b, due in found:
-            pipe.hmget(b.registry, [ws for ws, _ in due])
-        generations = await pipe.execute(raise_on_error=True)
-        marks = [
-            Mark(ws, score, "" if gen is None else text(gen))
-            for (_, due), gens in zip(found, generations, strict=True)
-            for (ws, score), gen in zip(due, gens, strict=True)
-        ]
-        return DueMarks(marks, next_ms)
+            if len(due) >= limit:
+                next_ms = now_ms
+        return found, next_ms
 
-    async def visit(self, w: WorkspaceKeys, now_ms: int, limit: int) -> Visit:
-        """The workspace's sessions due now, its next ready score and its next owed call."""
+    async def due_marks(self, now_ms: int, limit: int) -> DueMarks:
+        """The marks due now (at most ``limit`` per bucket) with their generations, and when
+        the next one falls due."""
+        found, next_ms = await self._scan(now_ms, limit)
+        due = [(ws, score) for _, marks in found for ws, score in marks]
+        return DueMarks([m for m, _ in await self._read(due, now_ms, 0)], next_ms)
+
+    async def due_visits(
+        self, now_ms: int, limit: int
+    ) -> tuple[list[tuple[Mark, Visit]], int | None]:
+        """Each workspace marked due with what a visit reads of it (its sessions due now, at
+        most ``limit``, its next ready score and its next owed call), and when the next mark
+        falls due."""
+        found, next_ms = await self._scan(now_ms, limit)
+        due = [(ws, score) for _, marks in found for ws, score in marks]
+        return [(m, v) for m, v in await self._read(due, now_ms, limit) if v is not None], next_ms
+
+    async def visits_of(
+        self, workspaces: Sequence[str], now_ms: int, limit: int
+    ) -> list[tuple[Mark, Visit]]:
+        """``due_visits`` for named workspaces (a wake-up names its workspace, so the loop
+        need not scan the buckets first); those with no mark any more are left out."""
+        read = await self._read([(ws, None) for ws in workspaces], now_ms, limit)
+        return [(m, v) for m, v in read if v is not None and m.score_ms >= 0]
+
+    async def _read(
+        self, due: Sequence[tuple[str, int | None]], now_ms: int, limit: int
+    ) -> list[tuple[Mark, Visit | None]]:
+        """For each workspace its mark (score as given, or read when None; -1 when absent)
+        and generation, then (``limit`` > 0) its visit. The generations are read BEFORE the
+        workspaces (unmark.lua relies on it): one pipeline on a standalone server, whose
+        commands run in order; two on a cluster, whose pipeline spans nodes."""
+        if not due:
+            return []
         pipe = self.client.pipeline(transaction=False)
+        for ws, score in due:
+            b = WorkspaceKeys(ws).bucket
+            if score is None:
+                pipe.zscore(b.due, ws)
+            pipe.hget(b.registry, ws)
+        answers: list[Any] = []
+        if limit and isinstance(self.client, ValkeyCluster):
+            answers = await pipe.execute(raise_on_error=True)
+            pipe = self.client.pipeline(transaction=False)
+        if limit:
+            for ws, _ in due:
+                self._queue_visit(pipe, WorkspaceKeys(ws), now_ms, limit)
+        answers += await pipe.execute(raise_on_error=True)
+        at = 0
+        marks = []
+        for ws, score in due:
+            if score is None:
+                read, at = answers[at], at + 1
+                score = -1 if read is None else int(float(read))
+            gen, at = answers[at], at + 1
+            marks.append(Mark(ws, score, "" if gen is None else text(gen)))
+        if not limit:
+            return [(m, None) for m in marks]
+        reads = answers[at:]
+        return [(m, _visit(*reads[3 * i : 3 * i + 3])) for i, m in enumerate(marks)]
+
+    @staticmethod
+    def _queue_visit(pipe: Any, w: WorkspaceKeys, now_ms: int, limit: int) -> None:
         pipe.zrangebyscore(w.ready, "-inf", now_ms, start=0, num=limit)
         pipe.zrangebyscore(w.ready, f"({now_ms}", "+inf", start=0, num=1, withscores=True)
         pipe.zrange(w.notices_due, 0, 0, withscores=True)
-        due, later, notice = await pipe.execute(raise_on_error=True)
-        return Visit(
-            [text(ses) for ses in due],
-            _scored(later)[0][1] if later else None,
-            _scored(notice)[0][1] if notice else None,
-        )
 
-    async def unmark(self, mark: Mark, next_ms: int | None, grace_ms: int) -> bool:
-        """Move the mark to ``next_ms`` (None: drop it) unless a writer marked it since it was
-        read; a writer younger than ``grace_ms`` keeps it no later than its generation + grace."""
-        w = WorkspaceKeys(mark.ws)
-        args: list[str | int] = [
-            mark.ws,
-            mark.score_ms,
-            mark.generation,
-            "" if next_ms is None else next_ms,
-            grace_ms,
-        ]
+    async def unmark(self, moves: Sequence[tuple[Mark, int | None]], grace_ms: int) -> list[bool]:
+        """Move each mark to its time (None: drop it) unless a writer marked it since it was
+        read; a writer younger than ``grace_ms`` keeps it no later than its generation +
+        grace. One pipeline on a standalone server; concurrent calls on a cluster (which
+        refuses scripts in a pipeline). True where the move landed."""
+        if not moves:
+            return []
         script = self._scripts["unmark"]
-        word, _ = parse(Compared, await script(keys=w.bucket.script_keys(), args=args))
-        return word is Compared.OK
+        calls = []
+        for mark, next_ms in moves:
+            args: list[str | int] = [
+                mark.ws,
+                mark.score_ms,
+                mark.generation,
+                "" if next_ms is None else next_ms,
+                grace_ms,
+            ]
+            calls.append((WorkspaceKeys(mark.ws).bucket.script_keys(), args))
+        if isinstance(self.client, ValkeyCluster):
+            replies = await asyncio.gather(*(script(keys=k, args=a) for k, a in calls))
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for k, a in calls:
+                await script(keys=k, args=a, client=pipe)
+            replies = await pipe.execute(raise_on_error=True)
+        return [parse(Compared, reply)[0] is Compared.OK for reply in replies]
 
     async def remark(self, w: WorkspaceKeys) -> None:
         """Mark the workspace by its earliest ready or owed work, if any (the repair pass)."""
@@ -173,7 +247,7 @@ class DueIndex:
             score for rows in await pipe.execute(raise_on_error=True) for _, score in _scored(rows)
         ]
         if scores:
-            await self.mark(w.ws, min(scores), wake=False)
+            await self.mark(w.ws, min(scores), after=True)
 
     # -- the registry ----------------------------------------------------------------------
 
@@ -207,7 +281,7 @@ class DueIndex:
         many workspaces it moved."""
         rows = await self.client.zrange(LEGACY_WORKSPACES, 0, -1)
         for ws in rows:
-            await self.mark(text(ws), now_ms, wake=False)
+            await self.mark(text(ws), now_ms, after=True)
         if rows:
             await self.client.delete(LEGACY_WORKSPACES)
         return len(rows)

@@ -4,9 +4,10 @@
 
   A writer marks before its transition and again after. The loop read the mark and the
   generation (ARGV[2], ARGV[3]) BEFORE it read the workspace, so an unchanged generation means
-  no writer marked since; a writer that marked before and whose transition the loop may not
-  have seen yet (it marked less than ARGV[5] ago) keeps a mark no later than its generation
-  plus ARGV[5]: if that writer dies before its second mark, its work waits at most that long.
+  no writer marked since. If the last mark came BEFORE a transition (an odd generation, see
+  mark.lua) less than ARGV[5] ago, the loop may not have seen that transition yet: the mark
+  stays no later than the generation plus ARGV[5]; if that writer dies before its second mark,
+  its work waits at most that long.
 
   Input:
     KEYS[1]    the bucket's due index
@@ -29,7 +30,7 @@ local score = redis.call('ZSCORE', KEYS[1], ws)
 if not score or tonumber(score) ~= seen_score then return {'changed'} end
 local gen = redis.call('HGET', KEYS[2], ws) or ''
 if gen ~= seen_gen then return {'changed'} end
-if gen ~= '' then
+if gen ~= '' and tonumber(gen) % 2 == 1 then
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local settle_ms = math.floor(tonumber(gen) / 1000) + grace_ms
