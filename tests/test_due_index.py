@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -166,3 +167,27 @@ async def test_an_idle_tick_costs_the_same_with_many_idle_workspaces(
     # grew with the tenants before the index was ~2 per workspace per tick).
     assert many <= few * 1.5 + 20, (few, many)
     assert many < idle  # O(workspaces) per tick would be at least 20 x idle here
+
+
+async def test_wake_ups_cross_clients_over_sharded_pub_sub(
+    connect_client: Callable[..., Client], client: Client
+) -> None:
+    # The loop sleeps for 10 s between scans: only the wake-up (SPUBLISH on the bucket's
+    # shard channel, heard over SSUBSCRIBE) can start this delivery in time.
+    worker, front = Outbox(connect_client(), FAST), Outbox(connect_client(), FAST)
+    agent = ScriptedAgent()
+    async with worker.running(agent, tick=10.0):
+        channel = WorkspaceKeys("ws").bucket.wake
+        await eventually(lambda: _shard_subscribers(client, channel), within=5)
+        await asyncio.sleep(0.1)  # past the loop's first scan
+        await front.accept("ws", "s1", "u", "c1", "wake up")
+        await eventually(lambda: holds(agent.texts == ["wake up"]), within=2)
+
+
+async def _shard_subscribers(client: Client, channel: str) -> int:
+    if isinstance(client, ValkeyCluster):
+        node = client.get_node_from_key(channel)
+        reply = await client.execute_command("PUBSUB", "SHARDNUMSUB", channel, target_nodes=node)
+    else:
+        reply = await client.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    return int(reply[1])

@@ -23,9 +23,6 @@ LEGACY_WORKSPACES = "outboxworkspaces"
 """The registry before the due index (a ZSET workspace -> last accept ms). Read once at start
 (``Store.migrate_legacy_registry``) and folded into the buckets, then deleted."""
 
-WAKE_CHANNEL = "outboxwake"
-"""Pub/sub channel a marked workspace is published on, so a waiting run loop starts at once."""
-
 BUCKETS = 8
 """How many buckets the due index and the registry are split into. Part of the layout: every
 process must agree on it. A run loop reads each bucket once per tick, whatever the number of
@@ -53,6 +50,12 @@ class BucketKeys:
         """HASH workspace -> server time (us) of the last mark: the workspace registry, and the
         generation a run loop compares before it raises or removes a mark."""
         return f"outboxregistry:{{outbox-b{self.bucket}}}"
+
+    @property
+    def wake(self) -> str:
+        """Shard channel (SPUBLISH) a mark after a transition publishes its workspace on, so
+        waiting run loops look at once. In the bucket's slot: mark.lua publishes it."""
+        return f"outboxwake:{{outbox-b{self.bucket}}}"
 
     def script_keys(self) -> list[str]:
         return [self.due, self.registry]

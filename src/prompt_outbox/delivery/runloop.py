@@ -22,6 +22,7 @@ from ..core.callbacks import Deliverer, Wiring
 from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.settings import Tunables
 from ..storage.dueindex import Mark, Visit
+from ..storage.shardsub import ShardSubscriber
 from ..storage.store import TRANSIENT_ERRORS, Store
 from .engine import Engine
 from .maintenance import Maintenance
@@ -84,11 +85,13 @@ class RunLoop:
         self.owed: dict[str, asyncio.Task[None]] = {}  # owed-hook passes, by workspace
         self.woken: set[str] = set()  # workspaces named by wake-ups since the last pass
         self._loop: asyncio.Task[None] | None = None
-        self._listener: asyncio.Task[None] | None = None
+        # Sharded pub/sub: one connection per node owning a bucket's wake channel.
+        self._listener = ShardSubscriber(store.client, self._heard, retry_after=tick)
 
     def start(self) -> None:
         self.wakeups.add(self.wake)
-        self._listener = asyncio.create_task(self._listen())
+        for channel in self.store.due.wake_channels():
+            self._listener.add(channel)
         self._loop = asyncio.create_task(self._run())
 
     async def wait(self) -> None:
@@ -113,7 +116,8 @@ class RunLoop:
         self.stopping = True
         self.wake.set()
         self.wakeups.discard(self.wake)
-        started = [t for t in (self._loop, self._listener) if t is not None]
+        await self._listener.aclose()
+        started = [t for t in (self._loop,) if t is not None]
         for task in started:
             task.cancel()
         await join([*started, *self.passes.values(), *self.owed.values(), *self.active.values()])
@@ -226,21 +230,12 @@ class RunLoop:
         except Exception:
             log.exception("session step failed", extra={"ws": k.ws, "ses": k.ses})
 
-    async def _listen(self) -> None:
-        """Set the wake event on every published accept; reconnect after a Valkey outage."""
-        while not self.stopping:
-            try:
-                async for ws in self.store.wake_ups():
-                    if self.stopping:
-                        return
-                    if ws:
-                        self.woken.add(ws)
-                        self.wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.debug("wake-up channel lost: %s", exc)
-            await asyncio.sleep(self.tick)
+    def _heard(self, _channel: str, ws: str | None) -> None:
+        """A mark published its workspace (visit it at once), or a wake channel was
+        (re)subscribed (``None``: a message may have been missed, so scan the buckets)."""
+        if ws:
+            self.woken.add(ws)
+        self.wake.set()
 
     def _start_pass(self, name: str, body: Callable[[], Coroutine[Any, Any, int]]) -> None:
         """Start a maintenance pass unless the last one of its kind is still running.

@@ -36,7 +36,7 @@ from typing import Any
 from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
 
-from ..core.keys import LEGACY_WORKSPACES, WAKE_CHANNEL, BucketKeys, WorkspaceKeys, buckets
+from ..core.keys import LEGACY_WORKSPACES, BucketKeys, WorkspaceKeys, buckets
 from .replies import Compared, Ok, parse, text
 
 
@@ -109,8 +109,9 @@ class DueIndex:
 
     def mark_call(self, ws: str, by_ms: int, *, after: bool) -> ScriptCall:
         """One mark, unsent (the Store pipelines it around a transition)."""
-        keys = WorkspaceKeys(ws).bucket.script_keys()
-        args = [ws, by_ms, "1" if after else "0", WAKE_CHANNEL]
+        b = WorkspaceKeys(ws).bucket
+        keys = b.script_keys()
+        args = [ws, by_ms, "1" if after else "0", b.wake]
         return ScriptCall(self._scripts["mark"], keys, args)
 
     async def mark(self, ws: str, by_ms: int, *, after: bool) -> None:
@@ -274,6 +275,11 @@ class DueIndex:
         b = w.bucket
         await self.client.zrem(b.due, w.ws)
         await self.client.hdel(b.registry, w.ws)
+
+    @staticmethod
+    def wake_channels() -> list[str]:
+        """The shard channels marks publish on: a run loop subscribes to all of them."""
+        return [b.wake for b in buckets()]
 
     async def migrate_legacy_registry(self, now_ms: int) -> int:
         """Fold the pre-index registry (``outboxworkspaces``) into the buckets, marking each

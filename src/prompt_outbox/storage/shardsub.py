@@ -113,6 +113,11 @@ class ShardSubscriber:
         self._closed = True
         self.channels.clear()
         self._unrouted.clear()
+        for link in self._links.values():
+            # Also ends a link whose task swallowed the cancel below (valkey-py 6.2 asyncio
+            # commands sometimes do): it finds nothing wanted and returns.
+            link.channels.clear()
+            link.kick.set()
         tasks = [t for t in (self._router, *(lk.task for lk in self._links.values())) if t]
         for task in tasks:
             task.cancel()
@@ -284,6 +289,8 @@ class _Link:
                 return
             conn = self.owner.connection(self.address)
             await conn.connect()  # type: ignore[no-untyped-call]
+            if self.owner.closed:
+                return
             self.connected = True
             reader = asyncio.get_running_loop().create_task(self._read(conn))
             while True:

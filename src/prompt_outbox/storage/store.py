@@ -7,7 +7,6 @@ typed value from ``replies``; nothing above this module sees a raw reply.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from valkey.exceptions import ClusterError, NoScriptError, TryAgainError
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
-from ..core.keys import WAKE_CHANNEL, SessionKeys, WorkspaceKeys
+from ..core.keys import SessionKeys, WorkspaceKeys
 from . import replies
 from .dueindex import DueIndex, ScriptCall
 from .replies import (
@@ -370,33 +369,3 @@ class Store:
         """CONFIG GET for the named settings (the durability check reads these)."""
         raw: dict[Any, Any] = await self.client.config_get(*names)  # type: ignore[arg-type]
         return {text(k): text(v) for k, v in raw.items()}
-
-    # -- wake-ups --------------------------------------------------------------------------
-
-    def _subscriber(self) -> Valkey:
-        """Where to subscribe: the client itself, or on a cluster (whose asyncio client has no
-        pub/sub) a plain connection to one node, which a classic PUBLISH on any node reaches."""
-        if not isinstance(self.client, ValkeyCluster):
-            return self.client
-        node = self.client.get_random_node()
-        kwargs = self.client.get_connection_kwargs()
-        keep = ("username", "password", "socket_timeout", "socket_connect_timeout", "ssl")
-        options: dict[str, Any] = {k: kwargs[k] for k in keep if kwargs.get(k) is not None}
-        return Valkey(host=node.host, port=int(node.port), **options)
-
-    async def wake_ups(self) -> AsyncIterator[str]:
-        """Yield the workspace of every accept published on the wake channel ('' on a quiet
-        second), until the consumer stops iterating."""
-        subscriber = self._subscriber()
-        pubsub = subscriber.pubsub()
-        try:
-            await pubsub.subscribe(WAKE_CHANNEL)
-            while True:
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                # Also yield on a quiet second, so the consumer can notice it should stop.
-                yield text(msg["data"]) if msg and msg.get("type") == "message" else ""
-                await asyncio.sleep(0)
-        finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
-            if subscriber is not self.client:  # the node connection made for this (cluster)
-                await subscriber.aclose()

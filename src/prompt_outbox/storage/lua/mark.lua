@@ -13,12 +13,12 @@
     ARGV[2]    visit by, ms
     ARGV[3]    '1' AFTER the transition (the work is there now: publish the workspace on the
                wake channel), '0' BEFORE it
-    ARGV[4]    the wake channel
+    ARGV[4]    the bucket's wake channel (a shard channel in the bucket's slot)
 
   Output:
     {'ok'}
 
-  Events: none (a wake-up message when ARGV[3] is '1').
+  Events: none (a wake-up message, SPUBLISH, when ARGV[3] is '1').
 ]]
 local ws = ARGV[1]
 redis.call('ZADD', KEYS[1], 'LT', tonumber(ARGV[2]), ws)
@@ -31,5 +31,5 @@ if now_us <= prev then now_us = prev + 1 end
 local after = ARGV[3] == '1'
 if (now_us % 2 == 0) ~= after then now_us = now_us + 1 end
 redis.call('HSET', KEYS[2], ws, string.format('%d', now_us))
-if after then redis.call('PUBLISH', ARGV[4], ws) end
+if after then redis.call('SPUBLISH', ARGV[4], ws) end
 return {'ok'}
