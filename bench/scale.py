@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import signal
 import statistics
@@ -28,9 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import valkey.asyncio as valkey_async
@@ -80,10 +82,6 @@ async def _fill(outbox: Outbox, workspaces: int, start: int = 0) -> None:
     await asyncio.gather(*(one(i) for i in range(start, start + workspaces)))
 
 
-async def _registered(client: valkey_async.Valkey) -> int:
-    return sum([int(await client.hlen(b.registry)) for b in buckets()])  # type: ignore[misc]
-
-
 async def _settle(client: valkey_async.Valkey, within: float = 120.0) -> float:
     """Wait until no workspace is marked due (the start-up recovery pass and the first visit
     of every freshly seeded workspace are done): the idle state the figure is about."""
@@ -98,7 +96,7 @@ async def _settle(client: valkey_async.Valkey, within: float = 120.0) -> float:
 
 
 async def idle_commands_per_second(
-    client: valkey_async.Valkey, outbox: Outbox, figures: Figures
+    client: valkey_async.Valkey, outbox: Outbox, figures: Figures, workspaces: int
 ) -> float:
     async def nothing(ws: str, ses: str, entry: Entry) -> None:
         return None
@@ -106,9 +104,8 @@ async def idle_commands_per_second(
     async with outbox.running(nothing, tick=1.0):
         await asyncio.sleep(figures.warm_up)
         settled = await _settle(client)
-        n = await _registered(client)
         figures.add(
-            f"start-up with {n} workspaces: recovery pass and first visits done after",
+            f"start-up with {workspaces} workspaces: recovery pass and first visits done after",
             f"{settled + figures.warm_up:.1f} s",
         )
         before = await _commands(client)
@@ -188,44 +185,70 @@ async def http_accept_p50(http: httpx.AsyncClient, samples: int, tag: str) -> fl
     return statistics.median(waits)
 
 
-@contextlib.asynccontextmanager
-async def open_streams(http: httpx.AsyncClient, count: int) -> AsyncIterator[None]:
-    """``count`` SSE streams, open and read, each past its first message (so the server is in
-    its steady state: one follower per stream) before the body runs."""
-    ready = asyncio.Semaphore(0)
+async def _hold_streams(base: str, count: int, ready: Any, stop: Any) -> None:
+    """``count`` SSE streams, open and read (as phones do), until ``stop`` is set; ``ready``
+    is set once each is past its first message (the server in its steady state)."""
+    opened = asyncio.Semaphore(0)
+    limits = httpx.Limits(max_connections=count + 10, max_keepalive_connections=count + 10)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=None) as http:
 
-    async def follow(i: int) -> None:
-        # Read for as long as it is open, as a phone does (leaving the line iterator would
-        # close the stream).
-        async with http.stream("GET", f"/v1/workspaces/phones/sessions/p{i}/events") as r:
-            async for line in r.aiter_lines():
-                if line.startswith("event: queue.reset"):
-                    ready.release()
+        async def follow(i: int) -> None:
+            # Leaving the line iterator would close the stream: read for as long as it is open.
+            async with http.stream("GET", f"/v1/workspaces/phones/sessions/p{i}/events") as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("event: queue.reset"):
+                        opened.release()
 
-    tasks = [asyncio.create_task(follow(i)) for i in range(count)]
-    try:
+        tasks = [asyncio.create_task(follow(i)) for i in range(count)]
         for _ in range(count):
             async with asyncio.timeout(120):
-                await ready.acquire()
-        yield
-    finally:
+                await opened.acquire()
+        ready.set()
+        # A process-shared event: waited for off the loop, which keeps reading the streams.
+        await asyncio.to_thread(stop.wait)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _hold_streams_process(base: str, count: int, ready: Any, stop: Any) -> None:
+    asyncio.run(_hold_streams(base, count, ready, stop))
+
+
+@contextlib.contextmanager
+def open_streams(base: str, count: int) -> Iterator[None]:
+    """``count`` SSE streams held by another process (the phones are not the client that
+    measures: one process reading a thousand streams would slow its own requests)."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hold_streams_process, args=(base, count, ready, stop))
+    proc.start()
+    try:
+        if not ready.wait(timeout=180):
+            raise RuntimeError(f"{count} streams did not open")
+        yield
+    finally:
+        stop.set()
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+
+
 async def streams(url: str, client: valkey_async.Valkey, count: int, figures: Figures) -> None:
     port = free_port()
-    limits = httpx.Limits(max_connections=count + 50, max_keepalive_connections=count + 50)
     base = f"http://127.0.0.1:{port}"
     with serve(url, port):
-        async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             quiet = await http_accept_p50(http, 200, "quiet")
-            async with open_streams(http, count):
+            idle_clients = int((await client.info("clients"))["connected_clients"])
+            with open_streams(base, count):
                 await asyncio.sleep(figures.warm_up)
                 clients = int((await client.info("clients"))["connected_clients"])
                 busy = await http_accept_p50(http, 200, "busy")
-    figures.add(f"serve with {count} open SSE streams: Valkey connections", str(clients))
+    figures.add(
+        f"serve with {count} open SSE streams: Valkey connections",
+        f"{clients} (with none: {idle_clients}; each counts this benchmark's one)",
+    )
     figures.add(
         f"accept p50 over HTTP, {count} streams open vs none",
         f"{busy:.1f} ms vs {quiet:.1f} ms ({busy / quiet:.2f}x)",
@@ -239,14 +262,14 @@ async def run(workspaces: int, stream_count: int, samples: int, figures: Figures
         outbox = Outbox(client, tunables)
         try:
             await _fill(outbox, 10)
-            small = await idle_commands_per_second(client, outbox, figures)
+            small = await idle_commands_per_second(client, outbox, figures, 10)
             figures.add("idle run(), 10 workspaces: Valkey commands/s", f"{small:.0f}")
             p50, p95 = await accept_to_start(outbox, samples, "small", figures)
             figures.add(
                 "accept -> delivery start, 10 workspaces", f"p50 {p50:.1f} ms, p95 {p95:.1f} ms"
             )
             await _fill(outbox, workspaces - 10, start=10)
-            large = await idle_commands_per_second(client, outbox, figures)
+            large = await idle_commands_per_second(client, outbox, figures, workspaces)
             figures.add(
                 f"idle run(), {workspaces} workspaces: Valkey commands/s",
                 f"{large:.0f} ({large / small:.1f}x the 10-workspace figure)",
@@ -257,6 +280,9 @@ async def run(workspaces: int, stream_count: int, samples: int, figures: Figures
                 f"p50 {p50:.1f} ms, p95 {p95:.1f} ms",
             )
             await client.flushall()
+            # The fills above left up to 64 pooled connections of this process: drop them, so
+            # the count below is serve's (plus the one connection counting).
+            await client.connection_pool.disconnect()
             await streams(server.url, client, stream_count, figures)
         finally:
             await client.aclose()

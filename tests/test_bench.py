@@ -13,6 +13,8 @@ async def test_the_scale_benchmark_runs_end_to_end() -> None:
     figures = await run(workspaces=40, stream_count=10, samples=3, figures=Figures(0.5, 1.0))
     rows = figures.rows
     assert set(rows) == {
+        "start-up with 10 workspaces: recovery pass and first visits done after",
+        "start-up with 40 workspaces: recovery pass and first visits done after",
         "idle run(), 10 workspaces: Valkey commands/s",
         "accept -> delivery start, 10 workspaces",
         "idle run(), 40 workspaces: Valkey commands/s",
@@ -21,5 +23,5 @@ async def test_the_scale_benchmark_runs_end_to_end() -> None:
         "accept p50 over HTTP, 10 streams open vs none",
     }
     assert float(rows["idle run(), 10 workspaces: Valkey commands/s"]) > 0
-    assert int(rows["serve with 10 open SSE streams: Valkey connections"]) >= 1
+    assert int(rows["serve with 10 open SSE streams: Valkey connections"].split()[0]) >= 1
     assert rows["accept -> delivery start, 10 workspaces"].startswith("p50 ")
