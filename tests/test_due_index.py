@@ -191,3 +191,30 @@ async def _shard_subscribers(client: Client, channel: str) -> int:
     else:
         reply = await client.execute_command("PUBSUB", "SHARDNUMSUB", channel)
     return int(reply[1])
+
+
+async def test_repair_passes_skip_workspaces_nothing_wrote_to(client: Client) -> None:
+    # Between full passes only workspaces a writer marked since their last repair are
+    # repaired: idle tenants cost a registry read, not a script per session.
+    from datetime import UTC, datetime
+
+    from prompt_outbox.core.callbacks import Wiring
+    from prompt_outbox.core.metrics import Metrics
+    from prompt_outbox.delivery.engine import Engine
+    from prompt_outbox.delivery.maintenance import FULL_REPAIR_EVERY, Maintenance
+
+    outbox, store = Outbox(client, FAST), Store(client)
+    for ws in ("quiet", "touched"):  # idle tenants: one error entry each, nothing due
+        await outbox.seed_entry_for_test(ws, "s1", ERROR_ENTRY.format(id="e1"))
+    engine = Engine(store, FAST, lambda: datetime.now(UTC), Metrics(), Wiring())
+    maintenance = Maintenance(store, engine, FAST, Metrics(), Wiring())
+    await maintenance.repair()  # the first pass is full
+    for ws in ("quiet", "touched"):  # both lose an index entry behind the scripts' back
+        await client.srem(WorkspaceKeys(ws).errors, "s1")
+    await outbox.accept("touched", "s2", "u", "c2", "y")  # a writer: its workspace is redone
+    await maintenance.repair()
+    assert await client.sismember(WorkspaceKeys("touched").errors, "s1")
+    assert not await client.sismember(WorkspaceKeys("quiet").errors, "s1")
+    for _ in range(FULL_REPAIR_EVERY - 1):  # ...until the next full pass
+        await maintenance.repair()
+    assert await client.sismember(WorkspaceKeys("quiet").errors, "s1")

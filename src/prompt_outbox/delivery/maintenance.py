@@ -23,6 +23,12 @@ from .tasks import never
 
 log = logging.getLogger("prompt_outbox.maintenance")
 
+FULL_REPAIR_EVERY = 288
+"""One scheduled repair pass in this many covers every workspace (a day at the default 5
+minutes). A mark lost with a node's unsynced AOF tail changes no generation, so only a full
+pass finds it: the run loop also asks for one whenever a wake channel is subscribed again
+(its node may have restarted), and at start."""
+
 RECOVER_BATCH = 256
 """Sessions whose staging lengths recovery reads in one pipelined round trip."""
 
@@ -41,6 +47,9 @@ class Maintenance:
         self.tunables = tunables
         self.metrics = metrics
         self.wiring = wiring
+        self._repairs = 0
+        # Workspaces the last repair found with nothing due -> the generation it read.
+        self._quiet: dict[str, str] = {}
 
     async def recover(self) -> int:
         """Requeue staged entries left by a crash as verifying, at their session's head.
@@ -70,19 +79,37 @@ class Maintenance:
                 total += await self.engine.recover_session(k)
         return total
 
-    async def repair(self) -> None:
-        """The slow safety net: re-derive every session's index entries, mark each workspace
-        in the due index by its earliest work, and drop workspaces idle for
-        ``idle_workspace_ttl`` from the registry. Its cost is O(sessions): it runs every
-        ``repair_interval``, never per tick."""
+    async def repair(self, *, full: bool = False) -> int:
+        """The slow safety net: re-derive the sessions' index entries, mark each workspace in
+        the due index by its earliest work, and drop workspaces idle for
+        ``idle_workspace_ttl`` from the registry. The run loop calls it every
+        ``repair_interval``. With ``full``, every ``FULL_REPAIR_EVERY``-th call and the first,
+        it covers every workspace; otherwise it leaves out those it last found with nothing due
+        and that no writer marked since (nothing can have changed them), so idle tenants cost
+        one registry read per pass, not a script per session. Returns how many it covered."""
         now_ms = self.engine.now_ms()
         idle_ms = self.tunables.idle_workspace_ttl * 1000
-        async for found in self.store.all_sessions():
+        full = full or self._repairs % FULL_REPAIR_EVERY == 0
+        self._repairs += 1
+        quiet: dict[str, str] = {}
+        covered = 0
+        async for found in self.store.all_sessions(unless=None if full else self._quiet):
+            covered += 1
+            self._quiet.pop(found.workspace.ws, None)
             for k in found.sessions:
                 await self.store.repair(k, now_ms)
-            await self.store.due.remark(found.workspace)
+            if not await self.store.due.remark(found.workspace) and found.sessions:
+                # Entries, none due or owed: only a writer (who marks) can change that. One
+                # with work is repaired every pass (deliveries change it unmarked), an empty
+                # one until it is pruned.
+                quiet[found.workspace.ws] = found.generation  # as read BEFORE the repair
             if now_ms - found.touched_ms > idle_ms:
                 await self.store.prune_idle_workspace(found.workspace, found.generation)
+        if full:
+            self._quiet = quiet
+        else:
+            self._quiet.update(quiet)
+        return covered
 
     async def fire_owed_hooks(self, w: WorkspaceKeys) -> int:
         """Make the workspace's OnDelivered calls that claims owe and whose workers did not

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -84,6 +85,10 @@ class RunLoop:
         self.passes: dict[str, asyncio.Task[None]] = {}
         self.owed: dict[str, asyncio.Task[None]] = {}  # owed-hook passes, by workspace
         self.woken: set[str] = set()  # workspaces named by wake-ups since the last pass
+        # A wake channel was (re)subscribed: its node may have restarted and lost the tail of
+        # its AOF (marks among it), which only a full repair pass finds.
+        self.full_repair = False
+        self._heard_from: set[str] = set()  # wake channels subscribed at least once
         self._loop: asyncio.Task[None] | None = None
         # Sharded pub/sub: one connection per node owning a bucket's wake channel.
         self._listener = ShardSubscriber(store.client, self._heard, retry_after=tick)
@@ -139,9 +144,12 @@ class RunLoop:
                 ):
                     last_sweep = now
                     self._start_pass("ledger sweep", self._ledger_sweep)
-                if now - last_repair >= t.repair_interval:
+                if now - last_repair >= t.repair_interval or self.full_repair:
                     last_repair = now
-                    await self.maintenance.repair()
+                    full, self.full_repair = self.full_repair, False
+                    self._start_pass(
+                        "repair", functools.partial(self.maintenance.repair, full=full)
+                    )
             except TRANSIENT_ERRORS as exc:
                 log.warning("valkey unavailable, retrying: %s", exc)
             except Exception:
@@ -230,11 +238,15 @@ class RunLoop:
         except Exception:
             log.exception("session step failed", extra={"ws": k.ws, "ses": k.ses})
 
-    def _heard(self, _channel: str, ws: str | None) -> None:
+    def _heard(self, channel: str, ws: str | None) -> None:
         """A mark published its workspace (visit it at once), or a wake channel was
-        (re)subscribed (``None``: a message may have been missed, so scan the buckets)."""
+        (re)subscribed (``None``: a message may have been missed, so scan the buckets; and
+        when subscribed AGAIN, its node may have restarted, so repair everything once)."""
         if ws:
             self.woken.add(ws)
+        elif channel in self._heard_from:
+            self.full_repair = True
+        self._heard_from.add(channel)
         self.wake.set()
 
     def _start_pass(self, name: str, body: Callable[[], Coroutine[Any, Any, int]]) -> None:

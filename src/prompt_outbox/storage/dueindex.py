@@ -239,8 +239,9 @@ class DueIndex:
             replies = await pipe.execute(raise_on_error=True)
         return [parse(Compared, reply)[0] is Compared.OK for reply in replies]
 
-    async def remark(self, w: WorkspaceKeys) -> None:
-        """Mark the workspace by its earliest ready or owed work, if any (the repair pass)."""
+    async def remark(self, w: WorkspaceKeys) -> bool:
+        """Mark the workspace by its earliest ready or owed work, if any (the repair pass);
+        whether it has any."""
         pipe = self.client.pipeline(transaction=False)
         pipe.zrange(w.ready, 0, 0, withscores=True)
         pipe.zrange(w.notices_due, 0, 0, withscores=True)
@@ -249,6 +250,7 @@ class DueIndex:
         ]
         if scores:
             await self.mark(w.ws, min(scores), after=True)
+        return bool(scores)
 
     # -- the registry ----------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ typed value from ``replies``; nothing above this module sees a raw reply.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,11 +304,16 @@ class Store:
         members: set[Any] = await self.client.smembers(key)  # type: ignore[misc]
         return [SessionKeys(w.ws, s) for s in sorted(text(x) for x in members)]
 
-    async def all_sessions(self, *, with_errors: bool = False) -> AsyncIterator[WorkspaceSessions]:
+    async def all_sessions(
+        self, *, with_errors: bool = False, unless: Mapping[str, str] | None = None
+    ) -> AsyncIterator[WorkspaceSessions]:
         """Every registered workspace with its sessions (see ``sessions_of``): the one walk
         over "all workspaces, all sessions" that maintenance, recovery and counts share. The
-        session sets are read in pipelined batches (this walk is O(workspaces) by nature)."""
+        session sets are read in pipelined batches (this walk is O(workspaces) by nature).
+        ``unless`` leaves out the workspaces whose generation is still the one it names."""
         registered = sorted((await self.workspaces()).items())
+        if unless:
+            registered = [(ws, gen) for ws, gen in registered if unless.get(ws) != gen]
         for i in range(0, len(registered), _WALK_BATCH):
             batch = registered[i : i + _WALK_BATCH]
             pipe = self.client.pipeline(transaction=False)
