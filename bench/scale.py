@@ -10,6 +10,8 @@ read against the others (never as an absolute: these machines are shared and noi
   over a 5 s window after a 2 s warm-up, less the INFO call itself.
 - accept -> delivery start, p50 / p95, with those idle workspaces present: sequential accepts
   into fresh sessions of one busy workspace, each waited for.
+- the repair pass (the safety net) over those workspaces: commands of a full pass and of a
+  scheduled one.
 - ``prompt-outbox serve`` with S open SSE streams: Valkey connections (INFO clients), and
   accept p50 over HTTP with the streams open versus none.
 
@@ -31,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +41,13 @@ import httpx
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Entry, Outbox, Tunables
+from prompt_outbox.core.callbacks import Wiring
 from prompt_outbox.core.keys import buckets
+from prompt_outbox.core.metrics import Metrics
+from prompt_outbox.delivery.engine import Engine
+from prompt_outbox.delivery.maintenance import Maintenance
 from prompt_outbox.embedded import EmbeddedValkey, free_port
+from prompt_outbox.storage.store import Store
 
 BIN = str(Path(sys.executable).parent / "prompt-outbox")
 NO_STREAM_LIMIT = ["--max-streams", "100000", "--max-streams-per-token", "100000"]
@@ -114,6 +122,20 @@ async def idle_commands_per_second(
         after = await _commands(client)
         elapsed = time.monotonic() - started
     return (after - before - 1) / elapsed  # less the second INFO
+
+
+async def repair_pass_commands(client: valkey_async.Valkey) -> tuple[int, int]:
+    """Valkey commands of one full repair pass, then of one scheduled (incremental) pass,
+    over what the store holds: the safety net's cost, which a 5 s window never shows."""
+    store, tunables = Store(client), Tunables()
+    engine = Engine(store, tunables, lambda: datetime.now(UTC), Metrics(), Wiring())
+    maintenance = Maintenance(store, engine, tunables, Metrics(), Wiring())
+    counts = []
+    for full in (True, False):
+        before = await _commands(client)
+        await maintenance.repair(full=full)
+        counts.append(await _commands(client) - before - 1)  # less the second INFO
+    return counts[0], counts[1]
 
 
 async def accept_to_start(
@@ -278,6 +300,11 @@ async def run(workspaces: int, stream_count: int, samples: int, figures: Figures
             figures.add(
                 f"accept -> delivery start, {workspaces} idle workspaces",
                 f"p50 {p50:.1f} ms, p95 {p95:.1f} ms",
+            )
+            full, scheduled = await repair_pass_commands(client)
+            figures.add(
+                f"repair pass over {workspaces} idle workspaces: Valkey commands",
+                f"{full} full (daily), {scheduled} scheduled (every 5 min)",
             )
             await client.flushall()
             # The fills above left up to 64 pooled connections of this process: drop them, so

@@ -19,6 +19,7 @@ async def test_the_scale_benchmark_runs_end_to_end() -> None:
         "accept -> delivery start, 10 workspaces",
         "idle run(), 40 workspaces: Valkey commands/s",
         "accept -> delivery start, 40 idle workspaces",
+        "repair pass over 40 idle workspaces: Valkey commands",
         "serve with 10 open SSE streams: Valkey connections",
         "accept p50 over HTTP, 10 streams open vs none",
     }

@@ -39,6 +39,7 @@ from .core.ledger import (
 )
 from .core.settings import Tunables
 from .outbox import Outbox
+from .storage.feed import FeedLimits, FellBehind, StreamEnded
 
 __all__ = [
     "LEDGER_STATES",
@@ -53,6 +54,8 @@ __all__ = [
     "DismissResult",
     "Duplicate",
     "Entry",
+    "FeedLimits",
+    "FellBehind",
     "Hook",
     "InvalidEventId",
     "InvalidId",
@@ -63,6 +66,7 @@ __all__ = [
     "PriorAttemptPendingError",
     "RetryResult",
     "Status",
+    "StreamEnded",
     "TextTooLarge",
     "TransientDeliveryError",
     "Tunables",
