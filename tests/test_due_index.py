@@ -48,7 +48,7 @@ async def test_a_loop_cannot_drop_a_mark_a_writer_renewed_after_its_read(client:
     # The loop read the mark, then read the workspace (empty), while an accept marked and
     # pushed: the loop's compare-and-set must lose, or the accepted entry would go unseen.
     store, outbox = Store(client), Outbox(client, FAST)
-    await store.due.mark("ws", now_ms(), after=False)  # a writer that died before its push
+    await store.due.mark("ws", now_ms(), "before")  # a writer that died before its push
     [stale] = (await store.due.due_marks(now_ms(), limit=10)).due
     await outbox.accept("ws", "s1", "u", "c1", "hi")  # marks before and after its push
     assert await store.due.unmark([(stale, None)], grace_ms=0) == [False]
@@ -60,10 +60,10 @@ async def test_a_young_writer_keeps_a_mark_until_its_grace_has_passed(client: Cl
     # Marked, transition not seen yet: the loop may not drop the mark, only push it to the
     # writer's generation + grace (if the writer then dies, its work waits at most that long).
     store = Store(client)
-    await store.due.mark("ws", now_ms(), after=False)
+    await store.due.mark("ws", now_ms(), "before")
     [mark] = (await store.due.due_marks(now_ms(), limit=10)).due
     assert await store.due.unmark([(mark, None)], grace_ms=60_000) == [True]
-    settle = int(mark.generation) // 1000 + 60_000
+    settle = int(mark.generation) // 1000 + 60_000  # the BEFORE mark made that generation
     assert await score_of(client, "ws") == settle
     # With no grace left the same unmark drops it.
     [mark] = (await store.due.due_marks(settle, limit=10)).due
@@ -75,7 +75,8 @@ async def test_a_mark_after_a_landed_change_needs_no_grace(client: Client) -> No
     # The writer's second mark says its transition is in place: the visit saw it, so the
     # loop may drop the mark at once (no second visit a lease later).
     store = Store(client)
-    await store.due.mark("ws", now_ms(), after=True)
+    await store.due.mark("ws", now_ms(), "before")
+    await store.due.mark("ws", now_ms(), "after")
     [mark] = (await store.due.due_marks(now_ms(), limit=10)).due
     assert await store.due.unmark([(mark, None)], grace_ms=60_000) == [True]
     assert await score_of(client, "ws") is None
@@ -83,7 +84,7 @@ async def test_a_mark_after_a_landed_change_needs_no_grace(client: Client) -> No
 
 async def test_a_stale_mark_costs_one_visit_then_goes(client: Client) -> None:
     store, outbox = Store(client), Outbox(client, replace(FAST, lease_ttl=0.2))
-    await store.due.mark("ghost", now_ms(), after=False)  # its writer died: nothing behind it
+    await store.due.mark("ghost", now_ms(), "before")  # its writer died: nothing behind it
     async with outbox.running(ScriptedAgent(), tick=0.05):
         await eventually(lambda: _gone(client, "ghost"), within=5)
 
@@ -218,3 +219,77 @@ async def test_repair_passes_skip_workspaces_nothing_wrote_to(client: Client) ->
     for _ in range(FULL_REPAIR_EVERY - 1):  # ...until the next full pass
         await maintenance.repair()
     assert await client.sismember(WorkspaceKeys("quiet").errors, "s1")
+
+
+async def test_a_pending_writer_keeps_its_mark_whoever_marked_last(client: Client) -> None:
+    # Writer A marked BEFORE its push; then B marked ALONE (a change in place). The loop read
+    # B's generation: A's push may still be missing from what it saw, so the mark must stay.
+    store = Store(client)
+    await store.due.mark("ws", now_ms(), "before")
+    await store.due.mark("ws", now_ms(), "alone")
+    [mark] = (await store.due.due_marks(now_ms(), limit=10)).due
+    assert await store.due.unmark([(mark, None)], grace_ms=60_000) == [True]
+    score = await score_of(client, "ws")
+    assert score is not None and score > now_ms() + 50_000
+
+
+async def test_a_saturated_loop_waits_instead_of_scanning_again_and_again(
+    client: Client,
+) -> None:
+    # concurrency 1, one long delivery, another session due: the loop must not spin on the
+    # mark it cannot serve (it would scan and visit thousands of times a second).
+    outbox = Outbox(client, replace(FAST, concurrency=1, delivery_timeout=30.0))
+    release = asyncio.Event()
+
+    async def slow(ws: str, ses: str, entry: Entry) -> None:
+        await release.wait()
+
+    await outbox.accept("ws", "s1", "u", "c1", "long")
+    await outbox.accept("ws", "s2", "u", "c2", "waits")
+    async with outbox.running(slow, tick=0.5):
+        await asyncio.sleep(0.3)
+        before = await _commands(client)
+        await asyncio.sleep(1.0)
+        spent = await _commands(client) - before
+        release.set()
+    assert spent < 200, spent  # about 2 scans, and the lease renewals
+
+
+async def test_a_full_repair_finds_a_workspace_the_registry_lost(client: Client) -> None:
+    # A bucket's node failed over before its replica had the accept's marks: the entry is
+    # there, the registry and the mark are not. A full repair pass finds it by SCAN.
+    from datetime import UTC, datetime
+
+    from prompt_outbox.core.callbacks import Wiring
+    from prompt_outbox.core.metrics import Metrics
+    from prompt_outbox.delivery.engine import Engine
+    from prompt_outbox.delivery.maintenance import Maintenance
+
+    outbox, store = Outbox(client, FAST), Store(client)
+    await outbox.accept("lost", "s1", "u", "c1", "still here")
+    b = WorkspaceKeys("lost").bucket
+    await client.zrem(b.due, "lost")
+    await client.hdel(b.registry, "lost")
+    engine = Engine(store, FAST, lambda: datetime.now(UTC), Metrics(), Wiring())
+    await Maintenance(store, engine, FAST, Metrics(), Wiring()).repair(full=True)
+    assert "lost" in await store.workspaces()
+    score = await score_of(client, "lost")
+    assert score is not None and score <= now_ms()
+
+
+async def test_a_transition_that_ran_is_never_sent_again_after_noscript(
+    client: Client,
+) -> None:
+    # After a restart another client loaded the accept script but not the marks: the marks
+    # meet NOSCRIPT, the accept runs. It must not be sent again (it would answer duplicate).
+    from prompt_outbox.storage.scripts import sources
+
+    if isinstance(client, ValkeyCluster):
+        pytest.skip("the cluster path sends each call alone (no pipeline)")
+    outbox = Outbox(client, FAST)
+    await client.script_flush()
+    await client.script_load(sources(FAST.event_log_len, 86_400_000)["accept"])
+    entry = await outbox.accept("ws", "s1", "u", "c1", "once")
+    assert [e.id for e in await outbox.list("ws", "s1")] == [entry.id]
+    score = await score_of(client, "ws")
+    assert score is not None

@@ -52,13 +52,20 @@ class BucketKeys:
         return f"outboxregistry:{{outbox-b{self.bucket}}}"
 
     @property
+    def pending(self) -> str:
+        """HASH workspace -> "<n>:<us>": marks made BEFORE a transition whose AFTER mark has not
+        come yet, and the server time (us) of the latest. A loop keeps the mark of a workspace
+        with such a writer (one younger than the grace) instead of dropping it."""
+        return f"outboxpending:{{outbox-b{self.bucket}}}"
+
+    @property
     def wake(self) -> str:
         """Shard channel (SPUBLISH) a mark after a transition publishes its workspace on, so
         waiting run loops look at once. In the bucket's slot: mark.lua publishes it."""
         return f"outboxwake:{{outbox-b{self.bucket}}}"
 
     def script_keys(self) -> list[str]:
-        return [self.due, self.registry]
+        return [self.due, self.registry, self.pending]
 
 
 def buckets() -> list[BucketKeys]:

@@ -91,6 +91,8 @@ class Maintenance:
         idle_ms = self.tunables.idle_workspace_ttl * 1000
         full = full or self._repairs % FULL_REPAIR_EVERY == 0
         self._repairs += 1
+        if full:
+            await self._register_lost(now_ms)
         quiet: dict[str, str] = {}
         covered = 0
         async for found in self.store.all_sessions(unless=None if full else self._quiet):
@@ -110,6 +112,15 @@ class Maintenance:
         else:
             self._quiet.update(quiet)
         return covered
+
+    async def _register_lost(self, now_ms: int) -> None:
+        """Register (and mark due) every workspace that holds work but that the registry lost:
+        a bucket's node that failed over before its replica had the write, or an AOF tail
+        lost in a restart. SCAN finds them; the registry cannot."""
+        registered = await self.store.workspaces()
+        for ws in sorted(await self.store.scan_workspaces() - registered.keys()):
+            log.warning("a workspace missing from the registry was found", extra={"ws": ws})
+            await self.store.due.mark(ws, now_ms)
 
     async def fire_owed_hooks(self, w: WorkspaceKeys) -> int:
         """Make the workspace's OnDelivered calls that claims owe and whose workers did not

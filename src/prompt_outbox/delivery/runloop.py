@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -144,12 +143,10 @@ class RunLoop:
                 ):
                     last_sweep = now
                     self._start_pass("ledger sweep", self._ledger_sweep)
-                if now - last_repair >= t.repair_interval or self.full_repair:
+                if (now - last_repair >= t.repair_interval or self.full_repair) and (
+                    self._start_pass("repair", self._repair)
+                ):
                     last_repair = now
-                    full, self.full_repair = self.full_repair, False
-                    self._start_pass(
-                        "repair", functools.partial(self.maintenance.repair, full=full)
-                    )
             except TRANSIENT_ERRORS as exc:
                 log.warning("valkey unavailable, retrying: %s", exc)
             except Exception:
@@ -170,6 +167,10 @@ class RunLoop:
             await self._visit(await self.store.due.visits_of(sorted(woken), now_ms, limit), now_ms)
         found, next_ms = await self.store.due.due_visits(now_ms, limit)
         later = await self._visit(found, now_ms)
+        if len(self.active) >= self.tunables.concurrency:
+            # Full: marks left due now stay for other loops; this one waits for a drain to
+            # finish (which sets the wake event) instead of scanning again at once.
+            return self.tick
         times = [t for t in (next_ms, later) if t is not None]
         if not times:
             return self.tick
@@ -249,13 +250,24 @@ class RunLoop:
         self._heard_from.add(channel)
         self.wake.set()
 
-    def _start_pass(self, name: str, body: Callable[[], Coroutine[Any, Any, int]]) -> None:
-        """Start a maintenance pass unless the last one of its kind is still running.
-        Detached: its I/O is the caller's (ledger probes, hooks) and must never hold up
-        delivery."""
+    def _start_pass(self, name: str, body: Callable[[], Coroutine[Any, Any, int]]) -> bool:
+        """Start a maintenance pass unless the last one of its kind is still running (then
+        False). Detached: its I/O is the caller's (ledger probes, hooks) and must never hold
+        up delivery."""
         running = self.passes.get(name)
-        if running is None or running.done():
-            self.passes[name] = self.detached.start(self._logged(name, body))
+        if running is not None and not running.done():
+            return False
+        self.passes[name] = self.detached.start(self._logged(name, body))
+        return True
+
+    async def _repair(self) -> int:
+        """A repair pass, full if one was asked for; a full one that fails is asked again."""
+        full, self.full_repair = self.full_repair, False
+        try:
+            return await self.maintenance.repair(full=full)
+        except BaseException:
+            self.full_repair = self.full_repair or full
+            raise
 
     @staticmethod
     async def _logged(name: str, body: Callable[[], Coroutine[Any, Any, int]]) -> None:

@@ -8,18 +8,18 @@ loop must visit it, never later than its earliest due work. A tick reads each bu
 The marks live in other slots than the workspaces, so no script can update both: the rule
 that keeps this safe is the seed's stage-out ordering, applied to an index.
 
-- A writer whose transition may make work due sooner marks BEFORE it (``mark``: ZADD LT, and a
-  new generation in the bucket's registry, odd) and again AFTER it (even), with the wake-up.
-  A crash before the transition leaves a stale mark (one empty visit); a crash after it
-  leaves the first mark.
-- A holder letting a lock go (release, a drain's last acquire) marks after, when its script
-  says the workspace's earliest work moved earlier. While a lock is held the mark is no later
+- A writer whose transition may make work due sooner marks BEFORE it (``mark``: ZADD LT, a new
+  generation in the bucket's registry, and one more pending writer) and AFTER it (one fewer),
+  with the wake-up. A crash before the transition leaves a stale mark (one empty visit); a
+  crash after it leaves the first mark.
+- A holder letting a lock go (release, a drain's last acquire) marks ALONE after, when its
+  script says its session's work moved earlier. While a lock is held the mark is no later
   than its lease expiry (the loop put it there), so a crash before that mark costs at most a
   lease.
 - A loop raises or drops a mark only by compare-and-set (``unmark``) against the mark and
-  generation it read BEFORE it read the workspace: a writer that marked since wins. A writer
-  whose last mark came before its transition (an odd generation younger than ``grace``: it
-  may not have landed yet) keeps a mark no later than generation + grace.
+  generation it read BEFORE it read the workspace: a writer that marked since wins. While a
+  workspace has a pending writer younger than ``grace`` (its transition may not have landed
+  yet), the mark stays no later than that writer's BEFORE mark + grace.
 
 The registry HASH (workspace -> generation, the server's clock in microseconds) is also the
 list of workspaces that admin and maintenance walk. docs/design.md, "Finding due work", has the
@@ -31,13 +31,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
 
 from ..core.keys import LEGACY_WORKSPACES, BucketKeys, WorkspaceKeys, buckets
 from .replies import Compared, Ok, parse, text
+
+MarkKind = Literal["before", "after", "alone"]
+"""mark.lua's ARGV[3]: before a transition, after it, or for a change already in place."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +92,13 @@ def _scored(rows: Sequence[Any]) -> list[tuple[str, int]]:
     return [(text(member), int(score)) for member, score in rows]
 
 
-def _visit(due: Sequence[Any], later: Sequence[Any], notice: Sequence[Any]) -> Visit:
-    """A visit from its three reads (``DueIndex._queue_visit``)."""
+def _visit(ready: Sequence[Any], notice: Sequence[Any], now_ms: int, limit: int) -> Visit:
+    """A visit from its two reads (``DueIndex._queue_visit``)."""
+    scored = _scored(ready)
+    later = [score for _, score in scored if score > now_ms]
     return Visit(
-        [text(ses) for ses in due],
-        _scored(later)[0][1] if later else None,
+        [ses for ses, score in scored if score <= now_ms][:limit],
+        later[0] if later else None,
         _scored(notice)[0][1] if notice else None,
     )
 
@@ -107,18 +112,17 @@ class DueIndex:
 
     # -- writers ---------------------------------------------------------------------------
 
-    def mark_call(self, ws: str, by_ms: int, *, after: bool) -> ScriptCall:
+    def mark_call(self, ws: str, by_ms: int, kind: MarkKind) -> ScriptCall:
         """One mark, unsent (the Store pipelines it around a transition)."""
         b = WorkspaceKeys(ws).bucket
-        keys = b.script_keys()
-        args = [ws, by_ms, "1" if after else "0", b.wake]
-        return ScriptCall(self._scripts["mark"], keys, args)
+        return ScriptCall(self._scripts["mark"], b.script_keys(), [ws, by_ms, kind, b.wake])
 
-    async def mark(self, ws: str, by_ms: int, *, after: bool) -> None:
-        """Some loop must visit ``ws`` by ``by_ms`` (only ever lowers a mark). ``after``: the
-        change is in place (it also publishes the workspace, so idle loops look at once);
-        otherwise the mark comes before a transition that may not land."""
-        parse(Ok, await self.mark_call(ws, by_ms, after=after)())
+    async def mark(self, ws: str, by_ms: int, kind: MarkKind = "alone") -> None:
+        """Some loop must visit ``ws`` by ``by_ms`` (only ever lowers a mark). ``before`` a
+        transition that may not land, ``after`` it (closing that ``before``), or ``alone``
+        for a change already in place; the last two publish the workspace, so idle loops
+        look at once."""
+        parse(Ok, await self.mark_call(ws, by_ms, kind)())
 
     # -- the run loop ----------------------------------------------------------------------
 
@@ -191,7 +195,7 @@ class DueIndex:
             pipe = self.client.pipeline(transaction=False)
         if limit:
             for ws, _ in due:
-                self._queue_visit(pipe, WorkspaceKeys(ws), now_ms, limit)
+                self._queue_visit(pipe, WorkspaceKeys(ws), limit)
         answers += await pipe.execute(raise_on_error=True)
         at = 0
         marks = []
@@ -204,12 +208,15 @@ class DueIndex:
         if not limit:
             return [(m, None) for m in marks]
         reads = answers[at:]
-        return [(m, _visit(*reads[3 * i : 3 * i + 3])) for i, m in enumerate(marks)]
+        return [
+            (m, _visit(reads[2 * i], reads[2 * i + 1], now_ms, limit)) for i, m in enumerate(marks)
+        ]
 
     @staticmethod
-    def _queue_visit(pipe: Any, w: WorkspaceKeys, now_ms: int, limit: int) -> None:
-        pipe.zrangebyscore(w.ready, "-inf", now_ms, start=0, num=limit)
-        pipe.zrangebyscore(w.ready, f"({now_ms}", "+inf", start=0, num=1, withscores=True)
+    def _queue_visit(pipe: Any, w: WorkspaceKeys, limit: int) -> None:
+        # The ready set in ONE read (the lowest limit + 1 scores): two reads, due then later,
+        # could miss a session whose score moved from one side to the other between them.
+        pipe.zrange(w.ready, 0, limit, withscores=True)
         pipe.zrange(w.notices_due, 0, 0, withscores=True)
 
     async def unmark(self, moves: Sequence[tuple[Mark, int | None]], grace_ms: int) -> list[bool]:
@@ -249,7 +256,7 @@ class DueIndex:
             score for rows in await pipe.execute(raise_on_error=True) for _, score in _scored(rows)
         ]
         if scores:
-            await self.mark(w.ws, min(scores), after=True)
+            await self.mark(w.ws, min(scores))
         return bool(scores)
 
     # -- the registry ----------------------------------------------------------------------
@@ -277,6 +284,7 @@ class DueIndex:
         b = w.bucket
         await self.client.zrem(b.due, w.ws)
         await self.client.hdel(b.registry, w.ws)
+        await self.client.hdel(b.pending, w.ws)
 
     @staticmethod
     def wake_channels() -> list[str]:
@@ -289,7 +297,7 @@ class DueIndex:
         many workspaces it moved."""
         rows = await self.client.zrange(LEGACY_WORKSPACES, 0, -1)
         for ws in rows:
-            await self.mark(text(ws), now_ms, after=True)
+            await self.mark(text(ws), now_ms)
         if rows:
             await self.client.delete(LEGACY_WORKSPACES)
         return len(rows)

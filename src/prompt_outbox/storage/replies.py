@@ -65,8 +65,8 @@ class Acquire(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Acquired:
     """acquire.lua's answer: the staged entries (STAGED) or the due head (HEAD), raw.
-    ``lowered_ms``: for WAIT / IDLE, the workspace's earliest ready score when letting the
-    lock go moved it earlier (the due index must then be marked), else None."""
+    ``lowered_ms``: for WAIT / IDLE, the session's ready score when letting the lock go moved
+    it earlier (the due index must then be marked), else None."""
 
     kind: Acquire
     entries: list[str]

@@ -116,15 +116,15 @@ class Store:
         """Mark the workspace due, run the script, mark it again with the wake-up: in this
         order (dueindex.py says why). The reply is the script's.
 
-        On a standalone server the three ride one pipelined round trip; on NOSCRIPT (a
-        restarted server) a script that failed did not run, so loading the scripts and
-        sending again is safe (the marks only ever lower). A cluster refuses scripts in a
-        pipeline, and the marks live in another slot than the workspace: three calls, same
-        order.
+        On a standalone server the three ride one pipelined round trip; a transition that met
+        NOSCRIPT (a restarted server) did not run, so loading the scripts and sending again
+        is safe (marks only ever lower); one that ran is never sent again. A cluster refuses
+        scripts in a pipeline, and the marks live in another slot than the workspace: three
+        calls, same order.
         """
-        before = self.due.mark_call(ws, now_ms, after=False)
+        before = self.due.mark_call(ws, now_ms, "before")
         transition = ScriptCall(self._scripts[name], list(keys), list(args))
-        after = self.due.mark_call(ws, now_ms, after=True)
+        after = self.due.mark_call(ws, now_ms, "after")
         if isinstance(self.client, ValkeyCluster):
             await before()
             reply = await transition()
@@ -136,12 +136,17 @@ class Store:
             for call in calls:
                 pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
             answers = await pipe.execute(raise_on_error=False)
-            if attempt == 1 and any(isinstance(a, NoScriptError) for a in answers[:2]):
+            if attempt == 1 and isinstance(answers[1], NoScriptError):
+                # The transition did not run: load every script and send the three again.
                 for call in calls:
                     await self.client.script_load(call.script.script)
                 continue
-            if isinstance(answers[2], NoScriptError):  # the transition ran: only redo the mark
-                answers[2] = await after()
+            # The transition ran (or failed by itself): never send it twice. A mark that met
+            # NOSCRIPT (another client loaded only some scripts) is redone alone: the first
+            # one late, which the second one covers.
+            for i, call in ((0, before), (2, after)):
+                if isinstance(answers[i], NoScriptError):
+                    answers[i] = await call()
             for answer in answers:
                 if isinstance(answer, Exception):
                     raise answer
@@ -175,7 +180,7 @@ class Store:
         if kind in (Acquire.WAIT, Acquire.IDLE):
             lowered = lowered_ms(rest[0])
             if lowered is not None:
-                await self.due.mark(k.ws, lowered, after=True)
+                await self.due.mark(k.ws, lowered)
             return Acquired(kind, [], lowered)
         return Acquired(kind, [text(x) for x in rest])
 
@@ -236,14 +241,14 @@ class Store:
         )
         lowered = lowered_ms(rest[0])
         if lowered is not None:
-            await self.due.mark(k.ws, lowered, after=True)
+            await self.due.mark(k.ws, lowered)
         return word is Held.OK
 
     async def lock(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
         """Take the lock unless another holder has it (lock.lua). The workspace is marked
         first, by the lease's expiry: a holder that changes entries and dies before its
         release leaves them due no later than that."""
-        await self.due.mark(k.ws, now_ms + lease_ms, after=False)
+        await self.due.mark(k.ws, now_ms + lease_ms)
         return await self._ok(Lock, "lock", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
 
     async def notified(self, w: WorkspaceKeys, ses: str, entry_id: str) -> bool:
@@ -354,7 +359,10 @@ class Store:
         return await self.due.prune(w, generation)
 
     async def cleanup_workspace(self, w: WorkspaceKeys) -> int:
-        """Delete every key of the workspace (found by pattern: an admin action, not a tick)."""
+        """Delete every key of the workspace (found by pattern: an admin action, not a tick).
+        Out of the registry first: an accept racing the cleanup registers it again (its
+        entry may survive the cleanup, and must stay found)."""
+        await self.due.forget(w)
         removed = 0
         batch: list[Any] = []
         async for key in self.client.scan_iter(match=w.scan_pattern, count=500):
@@ -364,8 +372,18 @@ class Store:
                 batch.clear()
         if batch:
             removed += int(await self.client.delete(*batch))
-        await self.due.forget(w)
         return removed
+
+    async def scan_workspaces(self) -> set[str]:
+        """Workspaces that hold sessions or owed calls, found by SCAN on every primary, not
+        by the registry: what a full repair uses to find one the registry lost (a node that
+        failed over before its replica had the registry write)."""
+        found: set[str] = set()
+        for pattern in (WorkspaceKeys("*").sessions, WorkspaceKeys("*").notices):
+            async for key in self.client.scan_iter(match=pattern, count=1000):
+                name = text(key)
+                found.add(name[name.index("{") + 1 : name.rindex("}")])
+        return found
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())

@@ -36,8 +36,8 @@ if raw and due <= now then
   take_lock(KEYS, ses, lockval, lease, now)
   return {'head', raw}
 end
-local before = earliest(KEYS)
+local before = ready_of(KEYS, ses)
 if cur then redis.call('DEL', KEYS[L]) end
 refresh(KEYS, ses, now)
-if raw then return {'wait', lowered(KEYS, before)} end
-return {'idle', lowered(KEYS, before)}
+if raw then return {'wait', lowered(KEYS, ses, before)} end
+return {'idle', lowered(KEYS, ses, before)}

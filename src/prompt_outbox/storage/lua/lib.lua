@@ -130,17 +130,18 @@ local function emit_state(K, raw)
   if e then emit(K, e.status, e.id, raw) end
 end
 
--- The workspace's earliest ready score (ms), or nil when no session needs a worker.
-local function earliest(K)
-  local r = redis.call('ZRANGE', K[READY], 0, 0, 'WITHSCORES')
-  if r[2] then return tonumber(r[2]) end
+-- The session's ready score (ms), or nil when it needs no worker.
+local function ready_of(K, ses)
+  local score = redis.call('ZSCORE', K[READY], ses)
+  if score then return tonumber(score) end
   return nil
 end
 
--- After a holder let its lock go: the workspace's earliest ready score if that moved earlier
--- than `before` (the run loops' due mark may be later: the caller must mark), else ''.
-local function lowered(K, before)
-  local after = earliest(K)
+-- After a holder let its lock go: the session's ready score if that moved earlier than
+-- `before` (the run loops' due mark may be later: the caller must mark), else ''. Only this
+-- session's score changed, so only it can have moved the workspace's work earlier.
+local function lowered(K, ses, before)
+  local after = ready_of(K, ses)
   if after and (before == nil or after < before) then return string.format('%d', after) end
   return ''
 end

@@ -10,15 +10,15 @@
   Output:
     {'ok', m}     released
     {'lost', m}   the caller did not hold it (the lease lapsed); the indexes are still refreshed
-    m: the workspace's earliest ready score (ms) if the release moved it earlier, else ''
+    m: the session's ready score (ms) if the release moved it earlier, else ''
        (the caller then marks the workspace in the due index)
 
   Events: none.
 ]]
 local ses, lockval, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local before = earliest(KEYS)
+local before = ready_of(KEYS, ses)
 local held = holds(KEYS, lockval)
 if held then redis.call('DEL', KEYS[L]) end
 refresh(KEYS, ses, now)
-if held then return {'ok', lowered(KEYS, before)} end
-return {'lost', lowered(KEYS, before)}
+if held then return {'ok', lowered(KEYS, ses, before)} end
+return {'lost', lowered(KEYS, ses, before)}
