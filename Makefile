@@ -31,7 +31,7 @@ test-all: lint
 chaos: $(STAMP)
 	CHAOS_REPORT=chaos-report.txt $(BIN)/pytest -q -m '' tests/chaos
 
-# The scale benchmark (~5 min): idle cost, accept -> delivery start, open SSE streams.
+# The scale benchmark (about a minute): idle cost, accept -> delivery start, open SSE streams.
 # Figures go to the terminal and bench-report.md; docs/performance.md keeps the latest.
 bench: $(STAMP)
 	$(BIN)/python -m bench.scale --out bench-report.md
