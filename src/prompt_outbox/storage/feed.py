@@ -59,7 +59,7 @@ class FeedLimits:
     event; each quiet stream costs one XREAD per period).
     """
 
-    reads: int = 16
+    reads: int = 12
     batch: int = 100
     max_behind: int = 1000
     safety_poll: float = 30.0
