@@ -36,7 +36,7 @@ def bucket_of(ws: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class BucketKeys:
-    """One bucket of the due index; both keys share the ``{outbox-b<N>}`` hash tag."""
+    """One bucket of the due index; its keys and wake channel share the ``{outbox-b<N>}`` tag."""
 
     bucket: int
 
