@@ -7,12 +7,18 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 from valkey.asyncio.cluster import ValkeyCluster
 
 from prompt_outbox import Entry, Outbox
+from prompt_outbox.core.callbacks import Wiring
 from prompt_outbox.core.keys import LEGACY_WORKSPACES, WorkspaceKeys, buckets
+from prompt_outbox.core.metrics import Metrics
+from prompt_outbox.delivery.engine import Engine
+from prompt_outbox.delivery.maintenance import Maintenance
+from prompt_outbox.storage.dueindex import Mark
 from prompt_outbox.storage.store import Client, Store
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, eventually, holds
@@ -27,6 +33,18 @@ ERROR_ENTRY = (
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def maintenance_of(store: Store) -> Maintenance:
+    """The maintenance passes alone (no run loop deciding when), with FAST tunables."""
+    engine = Engine(store, FAST, lambda: datetime.now(UTC), Metrics(), Wiring())
+    return Maintenance(store, engine, FAST, Metrics(), Wiring())
+
+
+async def marks_due(store: Store, at_ms: int) -> list[Mark]:
+    """The marks due at ``at_ms``, read as a loop reads them (with their generations)."""
+    found, _ = await store.due.due_visits(at_ms, limit=10)
+    return [mark for mark, _ in found]
 
 
 async def score_of(client: Client, ws: str) -> float | None:
@@ -49,7 +67,7 @@ async def test_a_loop_cannot_drop_a_mark_a_writer_renewed_after_its_read(client:
     # pushed: the loop's compare-and-set must lose, or the accepted entry would go unseen.
     store, outbox = Store(client), Outbox(client, FAST)
     await store.due.mark("ws", now_ms(), "before")  # a writer that died before its push
-    [stale] = (await store.due.due_marks(now_ms(), limit=10)).due
+    [stale] = await marks_due(store, now_ms())
     await outbox.accept("ws", "s1", "u", "c1", "hi")  # marks before and after its push
     assert await store.due.unmark([(stale, None)], grace_ms=0) == [False]
     score = await score_of(client, "ws")
@@ -61,12 +79,12 @@ async def test_a_young_writer_keeps_a_mark_until_its_grace_has_passed(client: Cl
     # writer's generation + grace (if the writer then dies, its work waits at most that long).
     store = Store(client)
     await store.due.mark("ws", now_ms(), "before")
-    [mark] = (await store.due.due_marks(now_ms(), limit=10)).due
+    [mark] = await marks_due(store, now_ms())
     assert await store.due.unmark([(mark, None)], grace_ms=60_000) == [True]
     settle = int(mark.generation) // 1000 + 60_000  # the BEFORE mark made that generation
     assert await score_of(client, "ws") == settle
     # With no grace left the same unmark drops it.
-    [mark] = (await store.due.due_marks(settle, limit=10)).due
+    [mark] = await marks_due(store, settle)
     assert await store.due.unmark([(mark, None)], grace_ms=0) == [True]
     assert await score_of(client, "ws") is None
 
@@ -77,7 +95,7 @@ async def test_a_mark_after_a_landed_change_needs_no_grace(client: Client) -> No
     store = Store(client)
     await store.due.mark("ws", now_ms(), "before")
     await store.due.mark("ws", now_ms(), "after")
-    [mark] = (await store.due.due_marks(now_ms(), limit=10)).due
+    [mark] = await marks_due(store, now_ms())
     assert await store.due.unmark([(mark, None)], grace_ms=60_000) == [True]
     assert await score_of(client, "ws") is None
 
@@ -197,18 +215,12 @@ async def _shard_subscribers(client: Client, channel: str) -> int:
 async def test_repair_passes_skip_workspaces_nothing_wrote_to(client: Client) -> None:
     # Between full passes only workspaces a writer marked since their last repair are
     # repaired: idle tenants cost a registry read, not a script per session.
-    from datetime import UTC, datetime
-
-    from prompt_outbox.core.callbacks import Wiring
-    from prompt_outbox.core.metrics import Metrics
-    from prompt_outbox.delivery.engine import Engine
-    from prompt_outbox.delivery.maintenance import FULL_REPAIR_EVERY, Maintenance
+    from prompt_outbox.delivery.maintenance import FULL_REPAIR_EVERY
 
     outbox, store = Outbox(client, FAST), Store(client)
     for ws in ("quiet", "touched"):  # idle tenants: one error entry each, nothing due
         await outbox.seed_entry_for_test(ws, "s1", ERROR_ENTRY.format(id="e1"))
-    engine = Engine(store, FAST, lambda: datetime.now(UTC), Metrics(), Wiring())
-    maintenance = Maintenance(store, engine, FAST, Metrics(), Wiring())
+    maintenance = maintenance_of(store)
     await maintenance.repair()  # the first pass is full
     for ws in ("quiet", "touched"):  # both lose an index entry behind the scripts' back
         await client.srem(WorkspaceKeys(ws).errors, "s1")
@@ -227,7 +239,7 @@ async def test_a_pending_writer_keeps_its_mark_whoever_marked_last(client: Clien
     store = Store(client)
     await store.due.mark("ws", now_ms(), "before")
     await store.due.mark("ws", now_ms(), "alone")
-    [mark] = (await store.due.due_marks(now_ms(), limit=10)).due
+    [mark] = await marks_due(store, now_ms())
     assert await store.due.unmark([(mark, None)], grace_ms=60_000) == [True]
     score = await score_of(client, "ws")
     assert score is not None and score > now_ms() + 50_000
@@ -258,20 +270,12 @@ async def test_a_saturated_loop_waits_instead_of_scanning_again_and_again(
 async def test_a_full_repair_finds_a_workspace_the_registry_lost(client: Client) -> None:
     # A bucket's node failed over before its replica had the accept's marks: the entry is
     # there, the registry and the mark are not. A full repair pass finds it by SCAN.
-    from datetime import UTC, datetime
-
-    from prompt_outbox.core.callbacks import Wiring
-    from prompt_outbox.core.metrics import Metrics
-    from prompt_outbox.delivery.engine import Engine
-    from prompt_outbox.delivery.maintenance import Maintenance
-
     outbox, store = Outbox(client, FAST), Store(client)
     await outbox.accept("lost", "s1", "u", "c1", "still here")
     b = WorkspaceKeys("lost").bucket
     await client.zrem(b.due, "lost")
     await client.hdel(b.registry, "lost")
-    engine = Engine(store, FAST, lambda: datetime.now(UTC), Metrics(), Wiring())
-    await Maintenance(store, engine, FAST, Metrics(), Wiring()).repair(full=True)
+    await maintenance_of(store).repair(full=True)
     assert "lost" in await store.workspaces()
     score = await score_of(client, "lost")
     assert score is not None and score <= now_ms()

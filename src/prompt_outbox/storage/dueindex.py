@@ -36,7 +36,7 @@ from typing import Any, Literal
 from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
 
-from ..core.keys import LEGACY_WORKSPACES, BucketKeys, WorkspaceKeys, buckets
+from ..core.keys import LEGACY_WORKSPACES, WorkspaceKeys, buckets
 from .replies import Compared, Ok, parse, text
 
 MarkKind = Literal["before", "after", "alone"]
@@ -50,14 +50,6 @@ class Mark:
     ws: str
     score_ms: int
     generation: str
-
-
-@dataclass(frozen=True, slots=True)
-class DueMarks:
-    """What one read of every bucket found: marks due now, and the earliest later score."""
-
-    due: list[Mark]
-    next_ms: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +74,6 @@ class ScriptCall:
 
     async def __call__(self) -> Any:
         return await self.script(keys=self.keys, args=self.args)
-
-
-_Found = tuple[BucketKeys, list[tuple[str, int]]]
-"""A bucket and its due marks (workspace, score), as one scan read them."""
 
 
 def _scored(rows: Sequence[Any]) -> list[tuple[str, int]]:
@@ -126,35 +114,27 @@ class DueIndex:
 
     # -- the run loop ----------------------------------------------------------------------
 
-    async def _scan(self, now_ms: int, limit: int) -> tuple[list[_Found], int | None]:
-        """One read per bucket: its due marks (at most ``limit``) and the earliest later one
-        (``now_ms`` when a bucket may hold more due marks than it gave)."""
+    async def _scan(self, now_ms: int, limit: int) -> tuple[list[tuple[str, int]], int | None]:
+        """One read per bucket: the due marks (workspace, score; at most ``limit`` a bucket)
+        and the earliest later one (``now_ms`` when a bucket may hold more due marks than it
+        gave)."""
         every = buckets()
         pipe = self.client.pipeline(transaction=False)
         for b in every:
             pipe.zrange(b.due, 0, limit - 1, withscores=True)
         answers = await pipe.execute(raise_on_error=True)
-        found: list[_Found] = []
+        found: list[tuple[str, int]] = []
         next_ms: int | None = None
-        for b, rows in zip(every, answers, strict=True):
-            due = []
-            for ws, score in _scored(rows):
-                if score <= now_ms:
-                    due.append((ws, score))
-                elif next_ms is None or score < next_ms:
-                    next_ms = score
-            if due:
-                found.append((b, due))
+        for rows in answers:
+            scored = _scored(rows)
+            due = [(ws, score) for ws, score in scored if score <= now_ms]
+            later = [score for _, score in scored if score > now_ms]
+            found += due
             if len(due) >= limit:
                 next_ms = now_ms
+            elif later and (next_ms is None or later[0] < next_ms):
+                next_ms = later[0]
         return found, next_ms
-
-    async def due_marks(self, now_ms: int, limit: int) -> DueMarks:
-        """The marks due now (at most ``limit`` per bucket) with their generations, and when
-        the next one falls due."""
-        found, next_ms = await self._scan(now_ms, limit)
-        due = [(ws, score) for _, marks in found for ws, score in marks]
-        return DueMarks([m for m, _ in await self._read(due, now_ms, 0)], next_ms)
 
     async def due_visits(
         self, now_ms: int, limit: int
@@ -163,8 +143,7 @@ class DueIndex:
         most ``limit``, its next ready score and its next owed call), and when the next mark
         falls due."""
         found, next_ms = await self._scan(now_ms, limit)
-        due = [(ws, score) for _, marks in found for ws, score in marks]
-        return [(m, v) for m, v in await self._read(due, now_ms, limit) if v is not None], next_ms
+        return await self._read(found, now_ms, limit), next_ms
 
     async def visits_of(
         self, workspaces: Sequence[str], now_ms: int, limit: int
@@ -172,13 +151,13 @@ class DueIndex:
         """``due_visits`` for named workspaces (a wake-up names its workspace, so the loop
         need not scan the buckets first); those with no mark any more are left out."""
         read = await self._read([(ws, None) for ws in workspaces], now_ms, limit)
-        return [(m, v) for m, v in read if v is not None and m.score_ms >= 0]
+        return [(m, v) for m, v in read if m.score_ms >= 0]
 
     async def _read(
         self, due: Sequence[tuple[str, int | None]], now_ms: int, limit: int
-    ) -> list[tuple[Mark, Visit | None]]:
+    ) -> list[tuple[Mark, Visit]]:
         """For each workspace its mark (score as given, or read when None; -1 when absent)
-        and generation, then (``limit`` > 0) its visit. The generations are read BEFORE the
+        and generation, then its visit. The generations are read BEFORE the
         workspaces (unmark.lua relies on it): one pipeline on a standalone server, whose
         commands run in order; two on a cluster, whose pipeline spans nodes."""
         if not due:
@@ -190,12 +169,11 @@ class DueIndex:
                 pipe.zscore(b.due, ws)
             pipe.hget(b.registry, ws)
         answers: list[Any] = []
-        if limit and isinstance(self.client, ValkeyCluster):
+        if isinstance(self.client, ValkeyCluster):
             answers = await pipe.execute(raise_on_error=True)
             pipe = self.client.pipeline(transaction=False)
-        if limit:
-            for ws, _ in due:
-                self._queue_visit(pipe, WorkspaceKeys(ws), limit)
+        for ws, _ in due:
+            self._queue_visit(pipe, WorkspaceKeys(ws), limit)
         answers += await pipe.execute(raise_on_error=True)
         at = 0
         marks = []
@@ -205,8 +183,6 @@ class DueIndex:
                 score = -1 if read is None else int(float(read))
             gen, at = answers[at], at + 1
             marks.append(Mark(ws, score, "" if gen is None else text(gen)))
-        if not limit:
-            return [(m, None) for m in marks]
         reads = answers[at:]
         return [
             (m, _visit(reads[2 * i], reads[2 * i + 1], now_ms, limit)) for i, m in enumerate(marks)
@@ -221,9 +197,10 @@ class DueIndex:
 
     async def unmark(self, moves: Sequence[tuple[Mark, int | None]], grace_ms: int) -> list[bool]:
         """Move each mark to its time (None: drop it) unless a writer marked it since it was
-        read; a writer younger than ``grace_ms`` keeps it no later than its generation +
-        grace. One pipeline on a standalone server; concurrent calls on a cluster (which
-        refuses scripts in a pipeline). True where the move landed."""
+        read; while a pending writer's BEFORE mark is younger than ``grace_ms``, the mark
+        stays no later than that mark + grace. One pipeline on a standalone server;
+        concurrent calls on a cluster (which refuses scripts in a pipeline). True where the
+        move landed."""
         if not moves:
             return []
         script = self._scripts["unmark"]

@@ -64,13 +64,10 @@ class Acquire(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Acquired:
-    """acquire.lua's answer: the staged entries (STAGED) or the due head (HEAD), raw.
-    ``lowered_ms``: for WAIT / IDLE, the session's ready score when letting the lock go moved
-    it earlier (the due index must then be marked), else None."""
+    """acquire.lua's answer: the staged entries (STAGED) or the due head (HEAD), raw."""
 
     kind: Acquire
     entries: list[str]
-    lowered_ms: int | None = None
 
     @property
     def holds_lock(self) -> bool:

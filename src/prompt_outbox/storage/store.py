@@ -181,7 +181,7 @@ class Store:
             lowered = lowered_ms(rest[0])
             if lowered is not None:
                 await self.due.mark(k.ws, lowered)
-            return Acquired(kind, [], lowered)
+            return Acquired(kind, [])
         return Acquired(kind, [text(x) for x in rest])
 
     async def stage(self, k: SessionKeys, lockval: str, original: str, staged: str) -> Write:
