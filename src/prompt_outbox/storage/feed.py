@@ -34,7 +34,7 @@ from ..core.events import parse_event_id
 from ..core.keys import SessionKeys
 from .replies import Snapshot
 from .shardsub import ShardSubscriber
-from .store import Store
+from .store import UNAVAILABLE, Store
 
 Event = tuple[str, dict[str, str]]
 """One logged event: its ID and its fields (kind, id, entry)."""
@@ -46,6 +46,12 @@ class StreamEnded(Exception):
 
 class FellBehind(StreamEnded):
     """The reader left more than ``max_behind`` events unread: its stream ends."""
+
+
+READ_RETRIES = 5
+READ_RETRY_AFTER = 0.05
+"""A read that finds Valkey unavailable is tried again after 0.05, 0.1 ... 0.8 s (about 1.5 s
+in all) before the stream ends with that error (a client then resumes by its ID)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +187,7 @@ class Follower:
 
     async def _fill(self) -> None:
         limits = self.feed.limits
+        failures = 0
         try:
             while self._dirty and self._failure is None:
                 room = min(limits.batch, limits.max_behind - len(self._buffer))
@@ -188,7 +195,18 @@ class Follower:
                     return  # full: ``next`` starts this again when the reader takes
                 self._dirty = False
                 self._last_read = asyncio.get_running_loop().time()
-                rows = await self.feed.read(self.keys, self.position, room)
+                try:
+                    rows = await self.feed.read(self.keys, self.position, room)
+                except UNAVAILABLE:
+                    # A slot half moved (TRYAGAIN past the client's retries), a failover: the
+                    # log is still there, so read again a little later, a few times.
+                    failures += 1
+                    if failures > READ_RETRIES:
+                        raise
+                    self._dirty = True
+                    await asyncio.sleep(READ_RETRY_AFTER * 2 ** (failures - 1))
+                    continue
+                failures = 0
                 if rows:
                     self.position = rows[-1][0]
                     self._buffer.extend(rows)
