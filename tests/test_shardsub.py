@@ -9,8 +9,8 @@ from collections import defaultdict
 import pytest
 from valkey.asyncio.cluster import ValkeyCluster
 
+from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.shardsub import ShardSubscriber
-from prompt_outbox.storage.store import Client
 from tests.conftest import eventually, holds
 
 pytestmark = pytest.mark.cluster_too

@@ -20,6 +20,7 @@ from .core.errors import (
     InvalidEventId,
     InvalidId,
     InvalidInput,
+    NotDurable,
     OutboxFull,
     PriorAttemptPendingError,
     TextTooLarge,
@@ -37,7 +38,7 @@ from .core.ledger import (
     LEDGER_STATE_TURN_ENDED,
     LEDGER_STATES,
 )
-from .core.settings import Tunables
+from .core.settings import DurabilityLevel, Tunables
 from .outbox import Outbox
 from .storage.feed import FeedLimits, FellBehind, StreamEnded
 
@@ -53,6 +54,7 @@ __all__ = [
     "Deliverer",
     "DismissResult",
     "Duplicate",
+    "DurabilityLevel",
     "Entry",
     "FeedLimits",
     "FellBehind",
@@ -61,6 +63,7 @@ __all__ = [
     "InvalidId",
     "InvalidInput",
     "LedgerProbe",
+    "NotDurable",
     "Outbox",
     "OutboxFull",
     "PriorAttemptPendingError",

@@ -22,7 +22,7 @@ from .core.callbacks import (
     Wiring,
 )
 from .core.entry import Entry, Status, decode_entry
-from .core.errors import Duplicate, OutboxFull
+from .core.errors import Duplicate, NotDurable, OutboxFull
 from .core.events import QueueEvent, QueueReset, missed_events, parse_event_id
 from .core.keys import check_client_message_id, session_keys
 from .core.metrics import Metrics
@@ -34,9 +34,12 @@ from .delivery.lease import held_for
 from .delivery.maintenance import Maintenance
 from .delivery.runloop import RunLoop, Wakeups
 from .delivery.tasks import Detached
+from .storage.client import Client
+from .storage.durability import DurabilityReport, resolve_durability
 from .storage.feed import EventFeed, FeedLimits
 from .storage.replies import Accept, Snapshot
-from .storage.store import Client, Store
+from .storage.store import Store
+from .storage.waitaof import WaitAof
 
 
 def _new_id(now: datetime) -> str:
@@ -78,6 +81,9 @@ class Outbox:
         self._detached = Detached()
         self._wakeups = Wakeups()
         self._feed = EventFeed(self._store, feed)
+        self._durability: DurabilityReport | None = None
+        self._wait: WaitAof | None = None
+        self._durability_lock = asyncio.Lock()
 
     async def aclose(self) -> None:
         """End every open ``watch`` (with ``StreamEnded``) and close the connections the
@@ -104,6 +110,24 @@ class Outbox:
 
     # -- accept and list -----------------------------------------------------------------
 
+    async def check_durability(self) -> DurabilityReport:
+        """Decide what an acknowledged accept promises on this server, once (the first
+        ``accept`` calls it if nobody did): ``tunables.accept_durability`` is tried on every
+        primary. Raises ``DurabilityError`` when a level the caller chose cannot be honoured;
+        the default steps down to what the server can do, and the report says so."""
+        async with self._durability_lock:
+            if self._durability is None:
+                t = self.tunables
+                report = await resolve_durability(
+                    self._store.client,
+                    t.accept_durability,
+                    chosen=t.durability_chosen,
+                    wait_for=t.durability_timeout,
+                )
+                self._wait = WaitAof.for_level(report.level, t.durability_timeout)
+                self._durability = report
+            return self._durability
+
     async def accept(
         self,
         workspace_id: str,
@@ -119,6 +143,11 @@ class Outbox:
         within ``dedupe_ttl``, ``OutboxFull`` at ``cap``, ``ValueError`` (an ``InvalidInput``)
         for bad input. The dedupe marker is written only after the push, in the same script:
         never half-written.
+
+        Returns (or raises ``Duplicate``) once the entry is as durable as
+        ``accept_durability`` asks (see ``check_durability``); ``NotDurable`` when the wait
+        for that ran out: the entry is written, not confirmed. A retry with the same
+        clientMessageID waits again, for the same entry.
         """
         k = session_keys(workspace_id, session_id)
         text = check_text(text)  # before the rest: an oversized body is a 413 first, over HTTP
@@ -133,19 +162,36 @@ class Outbox:
             accepted_at=now,
         )
         t = self.tunables
+        if self._durability is None:
+            await self.check_durability()
         started = time.perf_counter()
         reply = await self._store.accept(
-            k, cmid, entry.to_json(), entry.id, t.cap, round(t.dedupe_ttl * 1000), to_ms(now)
+            k,
+            cmid,
+            entry.to_json(),
+            entry.id,
+            t.cap,
+            round(t.dedupe_ttl * 1000),
+            to_ms(now),
+            self._wait,
         )
-        if reply.outcome is Accept.DUPLICATE:
-            self.metrics.duplicates.inc()
-            raise Duplicate(reply.accepted_id)
         if reply.outcome is Accept.FULL:
             self.metrics.refused_full.inc()
             raise OutboxFull(t.cap)
-        self.metrics.accepted.inc()
-        self.metrics.accept_seconds.observe(time.perf_counter() - started)
-        self._wakeups.notify()
+        written = reply.accepted_id or entry.id
+        if reply.outcome is Accept.OK:
+            self.metrics.accepted.inc()
+            self.metrics.accept_seconds.observe(time.perf_counter() - started)
+            self._wakeups.notify()
+        else:
+            self.metrics.duplicates.inc()
+        if self._wait is not None and reply.confirmation is not None:
+            missing = self._wait.shortfall(reply.confirmation, written)
+            if missing:
+                self.metrics.not_durable.inc()
+                raise NotDurable(written, self._wait.level, missing)
+        if reply.outcome is Accept.DUPLICATE:
+            raise Duplicate(written)
         return entry
 
     def _listed(self, snap: Snapshot) -> list[Entry]:

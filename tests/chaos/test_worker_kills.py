@@ -18,7 +18,7 @@ import valkey.asyncio as valkey_async
 
 from prompt_outbox import Outbox
 from prompt_outbox.embedded import EmbeddedValkey, free_port
-from prompt_outbox.storage.store import Client
+from prompt_outbox.storage.client import Client
 from tests.chaos import report
 from tests.chaos.harness import (
     Workers,

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..core.errors import InvalidId, InvalidInput, OutboxFull, TextTooLarge
+from ..core.errors import InvalidId, InvalidInput, NotDurable, OutboxFull, TextTooLarge
 from ..core.keys import ID_PATTERN, check_id
 from ..storage.store import UNAVAILABLE
 from .params import PATH_IDS
@@ -38,6 +38,11 @@ class ErrorBody(BaseModel):
 
     error: str = Field(description="a stable code, e.g. invalid_id, outbox_full, busy")
     detail: Any = Field(description="what is wrong, for a person")
+    id: str | None = Field(
+        default=None,
+        description="not_durable only: the entry, written but not confirmed durable; send the "
+        "prompt again with the same clientMessageID",
+    )
 
 
 ERROR_WHY = {
@@ -49,7 +54,8 @@ ERROR_WHY = {
     413: "the body or the text is too large",
     422: "a field is missing or of the wrong type",
     429: "the session's outbox is full (or, for events, the token holds too many streams)",
-    503: "Valkey is unreachable (or, for events, this replica serves its most streams)",
+    503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
+    "accept, not_durable: written (its id) but not confirmed at accept_durability in time",
 }
 
 # The status of each InvalidInput kind that is not a plain 400.
@@ -79,6 +85,15 @@ async def _invalid_input(_: Request, exc: InvalidInput) -> Response:
 
 async def _outbox_full(_: Request, exc: OutboxFull) -> Response:
     return error_response(429, "outbox_full", str(exc))
+
+
+async def _not_durable(_: Request, exc: NotDurable) -> Response:
+    # The entry is written: its ID lets the client tell this from an accept that never ran.
+    return JSONResponse(
+        {"error": "not_durable", "id": exc.entry_id, "detail": str(exc)},
+        status_code=503,
+        headers={"Retry-After": "1"},
+    )
 
 
 async def _storage_down(_: Request, exc: Exception) -> Response:
@@ -115,6 +130,7 @@ EXCEPTION_HANDLERS: dict[
     ApiError: _api_error,
     InvalidInput: _invalid_input,  # and its kinds, by their code
     OutboxFull: _outbox_full,
+    NotDurable: _not_durable,
     **dict.fromkeys(UNAVAILABLE, _storage_down),
     RequestValidationError: _invalid_request,
     StarletteHTTPException: _http_error,

@@ -18,7 +18,7 @@ from ..api import StreamLimits, TokenTable, create_app
 from ..api.streams import DEFAULT_PER_PROCESS, DEFAULT_PER_TOKEN
 from ..outbox import Outbox
 from .delivery import Delivery, build_delivery, delivery_options
-from .storage import open_outbox, storage_options
+from .storage import Durability, durability_options, open_outbox, storage_options
 
 log = logging.getLogger("prompt_outbox.cli")
 
@@ -80,6 +80,7 @@ async def run_api(
 
 @click.command()
 @storage_options
+@durability_options
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option(
@@ -110,8 +111,10 @@ async def run_api(
 def serve(
     valkey_url: str | None,
     data_dir: Path,
-    strict_durability: bool,
     tunables_json: str | None,
+    accept_durability: str | None,
+    durability_timeout: float | None,
+    strict_durability: bool,
     host: str,
     port: int,
     tokens_file: str | None,
@@ -138,7 +141,8 @@ def serve(
     chosen = build_delivery(**delivery)  # type: ignore[arg-type]
 
     async def main() -> None:
-        opened = open_outbox(valkey_url, data_dir, strict_durability, tunables_json)
+        durability = Durability(accept_durability, durability_timeout, strict_durability)
+        opened = open_outbox(valkey_url, data_dir, tunables_json, durability)
         # aclosing: the event streams' shared connections close before the client does.
         async with opened as outbox, contextlib.aclosing(outbox), delivering(outbox, chosen):
             limits = StreamLimits(per_process=max_streams, per_token=max_streams_per_token)
@@ -149,12 +153,15 @@ def serve(
 
 @click.command()
 @storage_options
+@durability_options
 @delivery_options
 def worker(
     valkey_url: str | None,
     data_dir: Path,
-    strict_durability: bool,
     tunables_json: str | None,
+    accept_durability: str | None,
+    durability_timeout: float | None,
+    strict_durability: bool,
     **delivery: str | float | None,
 ) -> None:
     """Deliver only (no API): an extra replica beside ``serve``, on the same Valkey.
@@ -166,7 +173,8 @@ def worker(
         raise click.UsageError("a worker needs a deliverer: --webhook-url or --opencode-url")
 
     async def main() -> None:
-        async with open_outbox(valkey_url, data_dir, strict_durability, tunables_json) as outbox:
+        durability = Durability(accept_durability, durability_timeout, strict_durability)
+        async with open_outbox(valkey_url, data_dir, tunables_json, durability) as outbox:
             stop = asyncio.Event()
             _on_signals(stop)
             async with delivering(outbox, chosen):

@@ -6,24 +6,25 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from ..core.settings import Tunables, tunables_from_json
+from ..core.settings import DURABILITY_LEVELS, Tunables, tunables_from_json
 from ..outbox import Outbox
+from ..storage.client import Client
 from ..storage.connect import connect
-from ..storage.durability import DurabilityError, check_durability
+from ..storage.durability import DurabilityError
 from ..storage.embedded import DataDirInUse, EmbeddedValkey, running_url
-from ..storage.store import Client
 
 log = logging.getLogger("prompt_outbox.cli")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def storage_options(command: F) -> F:
-    """--valkey-url / --data-dir / --strict-durability / --tunables, shared by every command."""
+    """--valkey-url / --data-dir / --tunables, shared by every command."""
     for option in reversed(
         [
             click.option(
@@ -41,11 +42,6 @@ def storage_options(command: F) -> F:
                 help="the embedded Valkey's data",
             ),
             click.option(
-                "--strict-durability",
-                is_flag=True,
-                help="refuse a Valkey that could lose acknowledged accepts",
-            ),
-            click.option(
                 "--tunables",
                 "tunables_json",
                 envvar="PROMPT_OUTBOX_TUNABLES",
@@ -57,28 +53,102 @@ def storage_options(command: F) -> F:
     return command
 
 
-@contextlib.asynccontextmanager
-async def open_outbox(
-    valkey_url: str | None,
-    data_dir: Path,
-    strict_durability: bool = False,
-    tunables_json: str | None = None,
-) -> AsyncIterator[Outbox]:
-    """An Outbox on the configured Valkey (see ``open_valkey``) with the given tunables."""
+def durability_options(command: F) -> F:
+    """--accept-durability / --durability-timeout / --strict-durability (serve, worker)."""
+    for option in reversed(
+        [
+            click.option(
+                "--accept-durability",
+                type=click.Choice(DURABILITY_LEVELS),
+                envvar="PROMPT_OUTBOX_ACCEPT_DURABILITY",
+                help="what an acknowledged accept promises: none (the server's config), fsync "
+                "(on the primary's disk), replica (also on a replica's disk); default fsync, "
+                "stepping down with a warning if the server cannot",
+            ),
+            click.option(
+                "--durability-timeout",
+                type=click.FloatRange(min=0.001),
+                envvar="PROMPT_OUTBOX_DURABILITY_TIMEOUT",
+                help="seconds an accept waits for its durability before answering 503 "
+                "not_durable (default 5)",
+            ),
+            click.option(
+                "--strict-durability",
+                is_flag=True,
+                help="refuse a Valkey that could lose acknowledged accepts",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+@dataclass(frozen=True)
+class Durability:
+    """The durability options of serve and worker; None: the tunables' own value."""
+
+    accept_durability: str | None = None
+    durability_timeout: float | None = None
+    strict_durability: bool = False
+
+
+def _tunables(tunables_json: str | None, durability: Durability | None) -> Tunables:
     try:
         tunables = tunables_from_json(tunables_json) if tunables_json else Tunables()
     except (ValueError, TypeError) as exc:
         raise click.BadParameter(str(exc), param_hint="--tunables") from None
-    async with open_valkey(valkey_url, data_dir, strict_durability) as client:
-        yield Outbox(client, tunables)
+    if durability is None:
+        return tunables
+    chosen: dict[str, Any] = {}
+    if durability.accept_durability is not None:
+        chosen["accept_durability"] = durability.accept_durability
+    if durability.durability_timeout is not None:
+        chosen["durability_timeout"] = durability.durability_timeout
+    return replace(tunables, **chosen)
+
+
+@contextlib.asynccontextmanager
+async def open_outbox(
+    valkey_url: str | None,
+    data_dir: Path,
+    tunables_json: str | None = None,
+    durability: Durability | None = None,
+) -> AsyncIterator[Outbox]:
+    """An Outbox on the configured Valkey (see ``open_valkey``) with the given tunables.
+    With ``durability`` (serve, worker), the level in force is decided and logged first."""
+    tunables = _tunables(tunables_json, durability)
+    # A blocked WAITAOF answers at durability_timeout: the socket must wait longer than that.
+    socket_timeout = max(10.0, tunables.durability_timeout + 5.0)
+    async with open_valkey(valkey_url, data_dir, socket_timeout) as client:
+        outbox = Outbox(client, tunables)
+        if durability is not None:
+            await _check_durability(outbox, durability.strict_durability)
+        yield outbox
+
+
+async def _check_durability(outbox: Outbox, strict: bool) -> None:
+    try:
+        report = await outbox.check_durability()
+    except DurabilityError as exc:
+        raise click.ClickException(str(exc)) from None
+    log.info("durability: %s", report.summary())
+    for note in report.notes:
+        log.warning("durability: %s", note)
+    for problem in report.problems:
+        log.warning("durability: %s", problem)
+    if strict and report.problems:
+        raise click.ClickException(
+            f"--strict-durability at accept_durability={report.level}: "
+            + "; ".join(report.problems)
+        )
 
 
 @contextlib.asynccontextmanager
 async def open_valkey(
-    valkey_url: str | None, data_dir: Path, strict_durability: bool = False
+    valkey_url: str | None, data_dir: Path, socket_timeout: float = 10.0
 ) -> AsyncIterator[Client]:
-    """A client on the configured Valkey, durability checked. Without a URL: attach to the
-    embedded server running on ``data_dir``, or start one for as long as the block runs."""
+    """A client on the configured Valkey. Without a URL: attach to the embedded server
+    running on ``data_dir``, or start one for as long as the block runs."""
     embedded: EmbeddedValkey | None = None
     url = valkey_url or running_url(data_dir)
     if url is None:
@@ -91,13 +161,8 @@ async def open_valkey(
         log.info("embedded Valkey on %s, data in %s", url, embedded.data_dir)
     elif valkey_url is None:
         log.info("using the embedded Valkey already running on %s (%s)", data_dir, url)
-    client = connect(url, socket_timeout=10, socket_connect_timeout=5)
+    client = connect(url, socket_timeout=socket_timeout, socket_connect_timeout=5)
     try:
-        try:
-            for problem in await check_durability(client, strict=strict_durability):
-                log.warning("durability: %s", problem)
-        except DurabilityError as exc:
-            raise click.ClickException(str(exc)) from None
         yield client
     finally:
         await client.aclose()

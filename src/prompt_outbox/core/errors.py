@@ -48,6 +48,21 @@ class OutboxFull(Exception):
         self.cap = cap
 
 
+class NotDurable(Exception):
+    """The entry IS written, but the wait for ``accept_durability`` did not confirm it within
+    ``durability_timeout`` (a replica down or slow, a failover, AOF turned off since start).
+
+    It may still be delivered; a failover before it reached the disk or replica may lose it.
+    Send it again with the same clientMessageID: the retry finds the entry (``Duplicate`` with
+    this ``entry_id``) once it is durable, or accepts it anew if it was lost. ``detail`` says
+    what the wait saw.
+    """
+
+    def __init__(self, entry_id: str, level: str, detail: str) -> None:
+        super().__init__(f"entry {entry_id} is written but not confirmed {level}: {detail}")
+        self.entry_id, self.level, self.detail = entry_id, level, detail
+
+
 class _WrappedDeliveryError(Exception):
     """Base of the deliverer outcome wrappers: carries the underlying error as ``err``."""
 

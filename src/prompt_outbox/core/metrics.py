@@ -26,6 +26,11 @@ class Metrics:
         self.duplicates = Counter(
             "prompt_outbox_duplicates", "Accepts answered as duplicates.", registry=r
         )
+        self.not_durable = Counter(
+            "prompt_outbox_not_durable",
+            "Accepts written but not confirmed at accept_durability in time (NotDurable).",
+            registry=r,
+        )
         self.refused_full = Counter(
             "prompt_outbox_refused_full", "Accepts refused: the session was full.", registry=r
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields
+from typing import Literal, get_args
 
 _MINUTE = 60.0
 _HOUR = 60 * _MINUTE
@@ -15,6 +16,24 @@ _SMALLEST = 0.001  # seconds: one millisecond, the resolution of a Valkey TTL
 class _Derived(float):
     """A tunable's value derived from another one (left at its default): ``replace()`` on the
     Tunables passes it back in, and it is derived again from the new values."""
+
+
+DurabilityLevel = Literal["none", "fsync", "replica"]
+"""What an acknowledged accept promises: ``none``, what the server's own configuration gives;
+``fsync``, in the primary's AOF on disk (``WAITAOF 1 0``); ``replica``, on disk on the primary
+and on at least one replica (``WAITAOF 1 1``)."""
+
+DURABILITY_LEVELS: tuple[DurabilityLevel, ...] = get_args(DurabilityLevel)
+
+
+class _DefaultLevel(str):
+    """``accept_durability`` left at its default: a server that cannot honour it is warned
+    about, not refused (a level the caller chose is refused at start)."""
+
+    __slots__ = ()
+
+
+_DEFAULT_LEVEL = _DefaultLevel("fsync")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +47,10 @@ class Tunables:
     worker that died after its claim is fired again by another worker after this long) is twice
     ``bookkeeping_timeout``. ``lock_ttl`` is the hard ceiling on one hold. ``event_log_len`` /
     ``event_log_ttl`` bound each session's event log (``Outbox.watch``).
+
+    ``accept_durability`` (``DurabilityLevel``) says what an acknowledged accept promises;
+    ``durability_timeout`` bounds the wait for it (past it, ``accept`` raises NotDurable). The
+    default, ``fsync``, costs nothing on a server with ``appendfsync always`` (the embedded one).
 
     Every combination of the seed's knobs that the seed allows constructs (counts >= 1,
     durations of at least a millisecond, ``lock_ttl > delivery_timeout``); a value the caller
@@ -59,9 +82,23 @@ class Tunables:
     # The per-session event log behind SSE: its newest events, dropped after a quiet spell.
     event_log_len: int = 1000
     event_log_ttl: float = 24 * _HOUR
+    # What an acknowledged accept promises, and how long an accept waits for that promise.
+    accept_durability: DurabilityLevel = _DEFAULT_LEVEL  # type: ignore[assignment]
+    durability_timeout: float = 5.0
+
+    @property
+    def durability_chosen(self) -> bool:
+        """Whether ``accept_durability`` was set by the caller (not left at its default)."""
+        return not isinstance(self.accept_durability, _DefaultLevel)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
+        if self.accept_durability not in DURABILITY_LEVELS:
+            raise ValueError(
+                f"Tunables.accept_durability must be one of {', '.join(DURABILITY_LEVELS)}, "
+                f"got {self.accept_durability!r}"
+            )
+        numbers = [f for f in fields(self) if f.name != "accept_durability"]
+        for f in numbers:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"Tunables.{f.name} must be a number, got {value!r}")
@@ -78,7 +115,7 @@ class Tunables:
         # Clearing a hook's record retries for bookkeeping_timeout: firing it again sooner
         # would duplicate hooks whose record is merely slow to clear.
         derive("hook_retry_after", 2 * self.bookkeeping_timeout)
-        for f in fields(self):
+        for f in numbers:
             value = getattr(self, f.name)
             if f.type == "int":
                 if not isinstance(value, int) or value < 1:

@@ -9,7 +9,7 @@ from typing import Any
 from valkey.asyncio import Valkey
 from valkey.asyncio.cluster import ValkeyCluster
 
-from .store import Client
+from .client import Client
 
 CLUSTER_SCHEMES = {
     "valkey+cluster": "valkey",

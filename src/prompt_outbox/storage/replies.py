@@ -44,12 +44,33 @@ class Accept(enum.Enum):
     FULL = "full"
 
 
+class Confirm(enum.Enum):
+    """confirm.lua."""
+
+    OK = "ok"  # the dedupe marker is there (its entry ID follows), written again
+    GONE = "gone"  # no marker: the accept is not on this server
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmation:
+    """What waiting for an accept's durability saw: the entry the dedupe marker names ('' if
+    it is gone), the AOF fsyncs WAITAOF counted on the primary and on replicas, or the error
+    that stopped the wait."""
+
+    marker_id: str
+    local: int = 0
+    replicas: int = 0
+    error: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE."""
+    """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE;
+    ``confirmation`` what the durability wait saw (None when none was asked, or FULL)."""
 
     outcome: Accept
     accepted_id: str = ""
+    confirmation: Confirmation | None = None
 
 
 class Acquire(enum.Enum):

@@ -6,6 +6,7 @@ from importlib import resources
 
 NAMES = (
     "accept",
+    "confirm",
     "acquire",
     "stage",
     "complete",

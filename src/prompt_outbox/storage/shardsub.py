@@ -34,7 +34,7 @@ from valkey.asyncio.connection import AbstractConnection, Connection
 from valkey.crc import key_slot
 from valkey.exceptions import MovedError
 
-from .store import Client
+from .client import Client
 
 log = logging.getLogger("prompt_outbox.storage")
 

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from valkey.asyncio import Valkey
 from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
 from valkey.exceptions import ClusterError, NoScriptError, TryAgainError
@@ -19,7 +18,8 @@ from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from ..core.keys import SessionKeys, WorkspaceKeys
-from . import replies
+from . import replies, waitaof
+from .client import Client
 from .dueindex import DueIndex, ScriptCall
 from .replies import (
     Accept,
@@ -75,10 +75,6 @@ class WorkspaceSessions:
         return int(self.generation) // 1000 if self.generation else 0
 
 
-Client = Valkey | ValkeyCluster
-"""A standalone server's client, or a Valkey Cluster's: the Store takes either."""
-
-
 class Store:
     """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's.
 
@@ -111,16 +107,23 @@ class Store:
         return word.name == "OK"
 
     async def _marked_eval(
-        self, ws: str, now_ms: int, name: str, keys: Sequence[str], args: Sequence[Any]
-    ) -> Any:
+        self,
+        ws: str,
+        now_ms: int,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        tail: Sequence[tuple[Any, ...]] = (),
+    ) -> tuple[Any, list[Any]]:
         """Mark the workspace due, run the script, mark it again with the wake-up: in this
-        order (dueindex.py says why). The reply is the script's.
+        order (dueindex.py says why). The script's reply, and the answers to ``tail``.
 
-        On a standalone server the three ride one pipelined round trip; a transition that met
-        NOSCRIPT (a restarted server) did not run, so loading the scripts and sending again
-        is safe (marks only ever lower); one that ran is never sent again. A cluster refuses
-        scripts in a pipeline, and the marks live in another slot than the workspace: three
-        calls, same order.
+        On a standalone server the three ride one pipelined round trip, and ``tail`` (raw
+        commands, their answers errors included) rides after them on the same connection; a
+        transition that met NOSCRIPT (a restarted server) did not run, so loading the scripts
+        and sending again is safe (marks only ever lower); one that ran is never sent again.
+        A cluster refuses scripts in a pipeline, and the marks live in another slot than the
+        workspace: three calls, same order, and no ``tail`` (its answers are []).
         """
         before = self.due.mark_call(ws, now_ms, "before")
         transition = ScriptCall(self._scripts[name], list(keys), list(args))
@@ -129,17 +132,21 @@ class Store:
             await before()
             reply = await transition()
             await after()
-            return reply
+            return reply, []
         calls = (before, transition, after)
         for attempt in (1, 2):
             pipe = self.client.pipeline(transaction=False)
             for call in calls:
                 pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+            for command in tail:
+                pipe.execute_command(*command)
             answers = await pipe.execute(raise_on_error=False)
             if attempt == 1 and isinstance(answers[1], NoScriptError):
-                # The transition did not run: load every script and send the three again.
-                for call in calls:
-                    await self.client.script_load(call.script.script)
+                # The transition did not run: load every script and send it all again.
+                loading = self.client.pipeline(transaction=False)
+                for script in self._scripts.values():
+                    loading.script_load(script.script)
+                await loading.execute()
                 continue
             # The transition ran (or failed by itself): never send it twice. A mark that met
             # NOSCRIPT (another client loaded only some scripts) is redone alone: the first
@@ -147,10 +154,10 @@ class Store:
             for i, call in ((0, before), (2, after)):
                 if isinstance(answers[i], NoScriptError):
                     answers[i] = await call()
-            for answer in answers:
+            for answer in answers[:3]:
                 if isinstance(answer, Exception):
                     raise answer
-            return answers[1]
+            return answers[1], answers[3:]
         raise AssertionError("unreachable")
 
     # -- transitions -----------------------------------------------------------------------
@@ -164,12 +171,25 @@ class Store:
         cap: int,
         ttl_ms: int,
         now_ms: int,
+        wait: waitaof.WaitAof | None = None,
     ) -> Accepted:
-        """Dedupe, cap, push, then the marker (accept.lua), marked due and announced."""
-        keys = [*k.script_keys(), k.dedupe(cmid)]
+        """Dedupe, cap, push, then the marker (accept.lua), marked due and announced. With
+        ``wait``, then WAITAOF for the accept (or for the first accept of a DUPLICATE)."""
+        marker = k.dedupe(cmid)
+        confirm = self._scripts["confirm"]
+        tail = waitaof.tail(confirm, marker, wait) if wait is not None else []
+        keys = [*k.script_keys(), marker]
         args = [k.ses, entry, entry_id, cap, ttl_ms, now_ms]
-        outcome, rest = parse(Accept, await self._marked_eval(k.ws, now_ms, "accept", keys, args))
-        return Accepted(outcome, text(rest[0]) if outcome is Accept.DUPLICATE else "")
+        reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
+        outcome, rest = parse(Accept, reply)
+        first = text(rest[0]) if outcome is Accept.DUPLICATE else ""
+        if wait is None or outcome is Accept.FULL:
+            return Accepted(outcome, first)
+        if answers and not waitaof.redirected(answers):
+            seen = waitaof.confirmation(*answers)
+        else:  # a cluster, or the pair met an emptied script cache
+            seen = await waitaof.confirm(self.client, confirm, marker, wait)
+        return Accepted(outcome, first, seen)
 
     async def acquire(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> Acquired:
         """Take the lock if the session needs a worker, and say for what (acquire.lua). A
@@ -225,7 +245,7 @@ class Store:
         if lockval:
             reply = await self._run("replace", k.script_keys(), args)
         else:
-            reply = await self._marked_eval(k.ws, now_ms, "replace", k.script_keys(), args)
+            reply, _ = await self._marked_eval(k.ws, now_ms, "replace", k.script_keys(), args)
         outcome, rest = parse(Replace, reply)
         return Counted(outcome, int(rest[0]) if rest else 0)
 
@@ -270,7 +290,9 @@ class Store:
 
     async def seed(self, k: SessionKeys, raw: str, now_ms: int) -> None:
         """Append a raw entry, marked due and announced like an accept (seed.lua)."""
-        reply = await self._marked_eval(k.ws, now_ms, "seed", k.script_keys(), [k.ses, raw, now_ms])
+        reply, _ = await self._marked_eval(
+            k.ws, now_ms, "seed", k.script_keys(), [k.ses, raw, now_ms]
+        )
         parse(Ok, reply)
 
     async def repair(self, k: SessionKeys, now_ms: int) -> None:
@@ -387,6 +409,14 @@ class Store:
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
+
+    async def replica_count(self) -> int:
+        """Replicas connected to the primary (INFO replication); on a cluster, the fewest any
+        primary has."""
+        if isinstance(self.client, ValkeyCluster):
+            infos = await self.client.info("replication", target_nodes=ValkeyCluster.PRIMARIES)
+            return min(int(info.get("connected_slaves", 0)) for info in infos.values())
+        return int((await self.client.info("replication")).get("connected_slaves", 0))
 
     async def server_config(self, *names: str) -> dict[str, str]:
         """CONFIG GET for the named settings (the durability check reads these)."""

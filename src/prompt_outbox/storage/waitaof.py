@@ -1,0 +1,148 @@
+"""Wait until an accept is durable: ``WAITAOF`` on the connection that wrote it.
+
+WAITAOF blocks until every earlier write *of the same connection* is fsynced to the AOF on
+the primary (``numlocal``) and on ``numreplicas`` replicas, or until its timeout, and answers
+the counts it reached. So the wait must ride the connection of a write that covers the
+accept: ``confirm.lua`` writes the accept's dedupe marker again (same value, same expiry)
+just before it. Each server's AOF and replication stream are in order, so once that write is
+fsynced, the accept is too, whoever wrote it (a duplicate's first accept included).
+
+On a standalone server the pair rides the accept's own pipeline (no extra round trip). A
+cluster client refuses scripts in a pipeline and spreads calls over pooled connections, so
+there the pair is its own two-command pipeline aimed at the node that owns the marker's slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from valkey.asyncio.cluster import ValkeyCluster
+from valkey.commands.core import AsyncScript
+from valkey.exceptions import AskError, MovedError, NoScriptError, TryAgainError
+
+from ..core.settings import DurabilityLevel
+from .client import Client
+from .replies import Confirm, Confirmation, parse, text
+
+_FSYNCS: dict[DurabilityLevel, tuple[int, int]] = {"fsync": (1, 0), "replica": (1, 1)}
+_PAIR_ATTEMPTS = 3  # a slot that moved, a script cache emptied by a restart: then try again
+_PROBE_TTL_MS = 60_000
+_PROBE_KEYS = 100_000  # tags tried to find a key on each primary (16 384 slots)
+_REDIRECTED = (MovedError, AskError, TryAgainError, NoScriptError)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitAof:
+    """What an acknowledged accept waits for: ``local`` fsyncs on the primary and
+    ``replicas`` on replicas, for at most ``timeout_ms``. None for the level ``none``."""
+
+    level: DurabilityLevel
+    local: int
+    replicas: int
+    timeout_ms: int
+
+    @classmethod
+    def for_level(cls, level: DurabilityLevel, timeout: float) -> WaitAof | None:
+        if level == "none":
+            return None
+        local, replicas = _FSYNCS[level]
+        # WAITAOF's timeout 0 means "for ever": never send it.
+        return cls(level, local, replicas, max(1, round(timeout * 1000)))
+
+    def command(self) -> tuple[Any, ...]:
+        return ("WAITAOF", self.local, self.replicas, self.timeout_ms)
+
+    def shortfall(self, seen: Confirmation, entry_id: str) -> str:
+        """'' when ``seen`` confirms ``entry_id`` at this level, else what is missing."""
+        if seen.error:
+            return seen.error
+        if seen.marker_id != entry_id:
+            return "the entry is not on this server any more (a failover?)"
+        if seen.local < self.local:
+            return f"not fsynced on the primary within {self.timeout_ms} ms"
+        if seen.replicas < self.replicas:
+            return f"no replica fsynced it within {self.timeout_ms} ms"
+        return ""
+
+
+def confirmation(confirm_answer: Any, wait_answer: Any) -> Confirmation:
+    """The typed value of a (confirm.lua, WAITAOF) pair's answers; either may be an error."""
+    for answer in (confirm_answer, wait_answer):
+        if isinstance(answer, Exception):
+            return Confirmation("", error=f"{type(answer).__name__}: {answer}")
+    word, rest = parse(Confirm, confirm_answer)
+    local, replicas = (int(n) for n in wait_answer)
+    return Confirmation(text(rest[0]) if word is Confirm.OK else "", local, replicas)
+
+
+def tail(confirm: AsyncScript, marker: str, wait: WaitAof) -> list[tuple[Any, ...]]:
+    """The pair as raw commands, for a standalone pipeline that wrote the accept."""
+    return [("EVALSHA", confirm.sha, 1, marker), wait.command()]
+
+
+def redirected(answers: list[Any]) -> bool:
+    """Whether a pair's write did not run (moved slot, empty script cache): send it again."""
+    return bool(answers) and isinstance(answers[0], _REDIRECTED)
+
+
+async def _pair(client: Client, key: str, *commands: tuple[Any, ...]) -> list[Any]:
+    """``commands`` (a write, then WAITAOF...) on one connection to the node that owns
+    ``key``; the answers, errors included (never raised)."""
+    if isinstance(client, ValkeyCluster):
+        node = client.get_node_from_key(key)
+        pipe: Any = client.pipeline()
+        for command in commands:
+            pipe.execute_command(*command, target_nodes=node)
+        # No redirections: a write re-sent alone would land on another connection.
+        return list(await pipe.execute(raise_on_error=False, allow_redirections=False))
+    plain = client.pipeline(transaction=False)
+    for command in commands:
+        plain.execute_command(*command)
+    return list(await plain.execute(raise_on_error=False))
+
+
+async def confirm(client: Client, script: AsyncScript, marker: str, wait: WaitAof) -> Confirmation:
+    """Confirm the accept that wrote ``marker`` as a pair of its own (a cluster, or a
+    standalone pipeline whose pair met an empty script cache)."""
+    answers: list[Any] = []
+    for _ in range(_PAIR_ATTEMPTS):
+        answers = await _pair(client, marker, ("EVALSHA", script.sha, 1, marker), wait.command())
+        if not redirected(answers):
+            break
+        # Run it once through the script object: it loads the script, follows the MOVED and
+        # patches the client's slot table; then the pair again (the write is idempotent).
+        await script(keys=[marker])
+    return confirmation(*answers)
+
+
+async def probe(client: Client, wait: WaitAof) -> dict[str, Confirmation]:
+    """Can every primary honour ``wait``? A throwaway write, WAITAOF, and the write deleted,
+    on each primary (the start-up check); the node's address -> what WAITAOF saw (error: no
+    AOF there)."""
+    if isinstance(client, ValkeyCluster):
+        await client.initialize()
+        targets: dict[str, str] = {}
+        primaries = {node.name for node in client.get_primaries()}
+        for n in range(_PROBE_KEYS):  # a key in the slots of each primary that has slots
+            key = f"outboxprobe:{{{n}}}"
+            node = client.get_node_from_key(key)
+            if node is not None:
+                targets.setdefault(node.name, key)
+            if primaries <= targets.keys():
+                break
+    else:
+        kwargs = client.connection_pool.connection_kwargs
+        targets = {f"{kwargs.get('host')}:{kwargs.get('port')}": "outboxprobe:{0}"}
+
+    async def one(key: str) -> Confirmation:
+        write = ("SET", key, "1", "PX", _PROBE_TTL_MS)
+        answers = await _pair(client, key, write, wait.command(), ("DEL", key))
+        if isinstance(answers[1], Exception):
+            return Confirmation("", error=str(answers[1]))
+        local, replicas = (int(n) for n in answers[1])
+        return Confirmation(key, local, replicas)
+
+    seen = await asyncio.gather(*(one(key) for key in targets.values()))
+    return dict(zip(targets, seen, strict=True))
