@@ -5,6 +5,7 @@ ratios within one run (docs/performance.md)."""
 from __future__ import annotations
 
 import pytest
+from bench import durability
 from bench.scale import Figures, run
 
 
@@ -26,3 +27,13 @@ async def test_the_scale_benchmark_runs_end_to_end() -> None:
     assert float(rows["idle run(), 10 workspaces: Valkey commands/s"]) > 0
     assert int(rows["serve with 10 open SSE streams: Valkey connections"].split()[0]) >= 1
     assert rows["accept -> delivery start, 10 workspaces"].startswith("p50 ")
+
+
+@pytest.mark.timeout(300)
+async def test_the_durability_benchmark_measures_every_level() -> None:
+    report = await durability.run(seconds=0.2)
+    cells = {(setup, level) for setup, level, _, _ in report.rows}
+    assert cells == {(s.name, level) for s in durability.SETUPS for level in s.levels}
+    for _, _, latency, rate in report.rows:
+        assert latency.startswith("p50 ") and float(rate) > 0
+    assert "| setup | level |" in report.markdown()

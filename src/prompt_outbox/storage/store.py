@@ -186,7 +186,7 @@ class Store:
         if wait is None or outcome is Accept.FULL:
             return Accepted(outcome, first)
         if answers and not waitaof.redirected(answers):
-            seen = waitaof.confirmation(*answers)
+            seen = waitaof.confirmation(answers)
         else:  # a cluster, or the pair met an emptied script cache
             seen = await waitaof.confirm(self.client, confirm, marker, wait)
         return Accepted(outcome, first, seen)
