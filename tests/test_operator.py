@@ -386,7 +386,8 @@ async def test_sync_and_verified_completers_fire_on_delivered_once(
     first: str,
 ) -> None:
     # Replica A's send stalls past its lease; replica B recovers the entry and verifies it
-    # delivered; A's send returns 2xx before or after that. Exactly one of them fires.
+    # delivered; A's send returns 2xx before or after that. A's lease lapsed, so the fence
+    # refuses its claim either way: the verification claims, and fires once.
     t = replace(FAST, lease_ttl=0.3)
     other = connect_client()
     b_clock = ManualClock()
@@ -409,8 +410,11 @@ async def test_sync_and_verified_completers_fire_on_delivered_once(
     if first == "sync":
         release.set()
         assert await a_task
-        assert fired.ids == [entry.id]
-        assert not await b.deliver_once(WS, SES, ScriptedAgent())  # nothing left to claim
+        assert fired.ids == []  # nobody holds the lock: A's claim is refused ('lost')
+        assert await _staged(client, k)  # left staged, for the next holder to verify
+        assert await b.deliver_once(WS, SES, ScriptedAgent())  # recover -> verifying
+        b_clock.advance(60)  # past verify_delay
+        assert await b.deliver_once(WS, SES, ScriptedAgent())  # verify -> claim -> fire
     else:
         assert await b.deliver_once(WS, SES, ScriptedAgent())  # recover -> verifying
         b_clock.advance(60)  # past verify_delay

@@ -109,6 +109,7 @@ class Claim(enum.Enum):
 
     CLAIMED = "ok"
     BUSY = "busy"  # another holder owns the session
+    LOST = "lost"  # nobody holds it: the caller's lease lapsed (the fence)
     GONE = "gone"  # claimed by someone else, or dismissed
 
 
@@ -125,6 +126,7 @@ class Replace(enum.Enum):
 
     OK = "ok"
     BUSY = "busy"  # another holder owns the session
+    LOST = "lost"  # a lock value was given, and nobody holds the lock (the fence)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,10 @@
   Only the completer whose call removed a copy fires OnDelivered, so concurrent completers
   (sync path, verified path, another replica) fire it once. The claim marker remembers who
   claimed, so a completer that retries after a lost reply still learns that it was the one.
-  Refused while ANOTHER holder owns the session (that holder decides this entry's fate),
-  unless the marker says this caller's earlier call already claimed it.
+  Refused unless the caller holds the session's lock (fence): while another holder owns it
+  (that holder decides this entry's fate), and when nobody does (the caller's lease lapsed:
+  another worker may have recovered the entry and be about to verify it), unless the marker
+  says this caller's earlier call already claimed it.
   With a hook wired (grace > 0) the claim also records the OnDelivered call it now owes, in
   the same step: a worker killed before its hook ran leaves the record, and another worker
   fires the hook after grace ms (notified.lua clears the record once the hook ran).
@@ -25,6 +27,7 @@
   Output:
     {'ok'}     this caller claimed it (now, or in an earlier call whose reply was lost)
     {'busy'}   another holder owns the session; nothing written
+    {'lost'}   nobody holds the session (the caller's lease lapsed); nothing written
     {'gone'}   no copy was left and the claim is not this caller's
 
   Events: sent (only when a copy was removed).
@@ -32,10 +35,11 @@
 local ses, id, lockval, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local entry, grace = ARGV[6], tonumber(ARGV[7])
 local mine = redis.call('GET', KEYS[8]) == lockval
-if held_by_other(KEYS, lockval) then
+local refused = fence(KEYS, lockval)
+if refused then
   -- Our earlier call may have claimed it (its reply lost, our lease lapsed since): still ours.
   if mine then return {'ok'} end
-  return {'busy'}
+  return {refused}
 end
 local removed = remove_id(KEYS[Q], id) + remove_id(KEYS[D], id)
 if removed > 0 then

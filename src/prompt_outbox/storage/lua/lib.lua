@@ -63,6 +63,17 @@ local function holds(K, lockval)
   return redis.call('GET', K[L]) == lockval
 end
 
+-- The fence on every write after a send (complete, restore, a locked replace): nil when the
+-- caller holds the lock; 'busy' while another holder has it; 'lost' when nobody has it (the
+-- caller's lease lapsed: a worker paused or cut off past it must not write the entry, since
+-- another may already have recovered it and be about to verify it).
+local function fence(K, lockval)
+  local cur = redis.call('GET', K[L])
+  if cur == lockval then return nil end
+  if cur then return 'busy' end
+  return 'lost'
+end
+
 -- pending / verifying (and a delivering copy found in the queue) hold back the entries behind.
 local function blocking(status)
   return status == 'pending' or status == 'verifying' or status == 'delivering'

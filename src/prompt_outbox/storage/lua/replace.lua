@@ -3,7 +3,8 @@
   Each pair (old, new) swaps the exact string old for new in place, or removes it when new is
   ''. Entries are found by value, never by a remembered index, so a concurrent change can only
   make a pair miss (not counted), never hit a neighbour. Refused while another holder owns the
-  session: contention is reported as busy, never as absence.
+  session: contention is reported as busy, never as absence. A caller that passes a lock value
+  must hold that lock (fence): a worker whose lease lapsed gets 'lost'.
 
   Input:
     KEYS[1..7] session keys
@@ -15,11 +16,17 @@
   Output:
     {'ok', n}  n pairs applied (a pair whose old string is gone is skipped)
     {'busy'}   another holder owns the session; nothing written
+    {'lost'}   a lock value was given and nobody holds the lock; nothing written
 
   Events: the new status per swapped entry; dismissed per removed one.
 ]]
 local ses, lockval, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if held_by_other(KEYS, lockval) then return {'busy'} end
+if lockval == '' then
+  if held_by_other(KEYS, lockval) then return {'busy'} end
+else
+  local refused = fence(KEYS, lockval)
+  if refused then return {refused} end
+end
 local done = 0
 for i = 4, #ARGV, 2 do
   local old, new = ARGV[i], ARGV[i + 1]

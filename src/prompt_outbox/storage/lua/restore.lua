@@ -14,12 +14,14 @@
   Output:
     {'ok'}     restored
     {'busy'}   another holder owns the session; nothing written
+    {'lost'}   nobody holds it (the caller's lease lapsed; see fence); nothing written
     {'gone'}   the staged copy is no longer there (recovered meanwhile); nothing written
 
   Events: the new status (pending, verifying or error).
 ]]
 local ses, lockval, staged, new, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
-if held_by_other(KEYS, lockval) then return {'busy'} end
+local refused = fence(KEYS, lockval)
+if refused then return {refused} end
 if not redis.call('LPOS', KEYS[D], staged) then return {'gone'} end
 insert_in_place(KEYS[Q], new)
 redis.call('LREM', KEYS[D], 1, staged)
