@@ -4,6 +4,7 @@ server, and an accept the server cannot confirm in time (NotDurable: written, no
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,16 @@ from prompt_outbox import Duplicate, NotDurable, Outbox, Tunables
 from prompt_outbox.durability import DurabilityError
 from prompt_outbox.embedded import EmbeddedValkey
 from prompt_outbox.storage.connect import connect
-from tests.cluster import LocalCluster
+from tests.cluster import LocalCluster, key_served_by
 from tests.conftest import FAST
+from tests.replication import ReplicatedPair
 from tests.test_api import ALICE, serve
 from tests.test_serve import BIN
 
+pytest_plugins = ["tests.replication_fixtures"]
+
 QUICK = 0.2  # durability_timeout where a wait is expected to run out
+NEVER_HANGS = 10.0  # seconds past durability_timeout that no answer may take (not a speed test)
 
 
 async def _keys(client: valkey_async.Valkey, ws: str) -> list[bytes]:
@@ -176,3 +181,81 @@ def test_a_worker_names_the_level_in_force(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_fsync_needs_appendfsync_always_and_replica_needs_a_replica_that_fsyncs(
+    replicated_pair: ReplicatedPair,
+) -> None:
+    """On ``everysec`` WAITAOF counts a local fsync before it happens: ``fsync`` is refused
+    there (the default steps down to ``none``); ``replica`` waits for the replica's disk."""
+    client = valkey_async.Valkey.from_url(replicated_pair.primary_url)
+    try:
+        with pytest.raises(DurabilityError, match=r"appendfsync is 'everysec'.*13793"):
+            await Outbox(client, Tunables(accept_durability="fsync")).check_durability()
+        default = await Outbox(client, FAST).check_durability()
+        assert default.level == "none" and any("13793" in n for n in default.notes)
+        assert any("1 replica(s): a failover can lose" in p for p in default.problems)
+        chosen = Tunables(accept_durability="replica", durability_timeout=5.0)
+        report = await Outbox(client, chosen).check_durability()
+        assert report.level == "replica"
+        assert not any("replica(s)" in p for p in report.problems)  # a failover loses nothing
+        assert any("restarts this primary" in p for p in report.problems)  # a restart may
+    finally:
+        await client.aclose()
+
+
+async def test_a_frozen_replica_answers_not_durable_in_time_and_the_retry_finds_the_entry(
+    replicated_pair: ReplicatedPair,
+) -> None:
+    client = valkey_async.Valkey.from_url(replicated_pair.primary_url, socket_timeout=30)
+    timeout = 2.5  # an everysec replica reports its fsync within about a second
+    outbox = Outbox(client, Tunables(accept_durability="replica", durability_timeout=timeout))
+    try:
+        first = await outbox.accept("dur-pair", "s", "u", "m0", "confirmed")
+        replicated_pair.freeze_replica()
+        started = time.monotonic()
+        with pytest.raises(NotDurable) as late:
+            await outbox.accept("dur-pair", "s", "u", "m1", "hello")
+        assert time.monotonic() - started < timeout + NEVER_HANGS
+        assert late.value.level == "replica" and "no replica fsynced" in late.value.detail
+        with pytest.raises(NotDurable) as again:  # a duplicate waits too, for the same entry
+            await outbox.accept("dur-pair", "s", "u", "m1", "hello")
+        assert again.value.entry_id == late.value.entry_id
+        replicated_pair.thaw_replica()
+        with pytest.raises(Duplicate) as dup:
+            await outbox.accept("dur-pair", "s", "u", "m1", "hello")
+        assert dup.value.accepted_id == late.value.entry_id
+        ids = [e.id for e in await outbox.list("dur-pair", "s")]
+        assert ids == [first.id, late.value.entry_id]  # one entry each, never two
+    finally:
+        replicated_pair.thaw_replica()
+        await client.aclose()
+
+
+async def test_a_cluster_waits_for_the_replica_of_the_workspaces_own_master(
+    replicated_cluster: LocalCluster,
+) -> None:
+    client = connect(replicated_cluster.url, socket_timeout=30)
+    timeout = 2.5  # an everysec replica reports its fsync within about a second
+    chosen = Tunables(accept_durability="replica", durability_timeout=timeout)
+    try:
+        outbox = Outbox(client, chosen)
+        assert (await outbox.check_durability()).level == "replica"
+        master = replicated_cluster.primaries()[0]
+        key = key_served_by(master, "ws")
+        ws = key[key.index("{") + 1 : key.rindex("}")]
+        await outbox.accept(ws, "s", "u", "m0", "confirmed")
+        replica = replicated_cluster.replica_of(master)
+        replicated_cluster.freeze_node(replica)
+        started = time.monotonic()
+        with pytest.raises(NotDurable) as late:
+            await outbox.accept(ws, "s", "u", "m1", "hello")
+        assert time.monotonic() - started < timeout + NEVER_HANGS
+        replicated_cluster.thaw_node(replica)
+        with pytest.raises(Duplicate) as dup:
+            await outbox.accept(ws, "s", "u", "m1", "hello")
+        assert dup.value.accepted_id == late.value.entry_id
+    finally:
+        for port in list(replicated_cluster.frozen):
+            replicated_cluster.thaw_node(port)
+        await client.aclose()

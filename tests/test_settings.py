@@ -127,5 +127,5 @@ def test_accept_durability_is_a_level_and_remembers_whether_it_was_chosen() -> N
     assert tunables_from_json('{"accept_durability": "replica"}').durability_chosen
     with pytest.raises(ValueError, match=r"accept_durability must be one of none, fsync"):
         Tunables(accept_durability="always")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="durability_timeout must be at least 0.001"):
+    with pytest.raises(ValueError, match=r"durability_timeout must be at least 0\.001"):
         Tunables(durability_timeout=0)

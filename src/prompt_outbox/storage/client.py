@@ -7,3 +7,9 @@ from valkey.asyncio.cluster import ValkeyCluster
 
 Client = Valkey | ValkeyCluster
 """A standalone server's client, or a Valkey Cluster's: the Store takes either."""
+
+
+def address(client: Valkey) -> str:
+    """A standalone client's server as ``host:port`` (how a cluster client names its nodes)."""
+    kwargs = client.connection_pool.connection_kwargs
+    return f"{kwargs.get('host')}:{kwargs.get('port')}"

@@ -1,34 +1,43 @@
 """What an acknowledged accept promises on this server, decided at start.
 
 ``Tunables.accept_durability`` asks for a level: ``none`` (what the server's configuration
-gives), ``fsync`` (WAITAOF 1 0: on the primary's disk) or ``replica`` (WAITAOF 1 1: also on a
-replica's disk). ``resolve_durability`` tries the level on every primary with a throwaway
-write and a WAITAOF, the same way each accept will. A level the caller chose that the server
-cannot honour (no AOF, no replica that fsyncs) refuses to start; the default steps down to
-what the server can do, and says what an acknowledgement then means.
+gives), ``fsync`` (on the primary's disk) or ``replica`` (also on a replica's disk).
+``resolve_durability`` checks each primary's configuration and tries the level's wait on it
+with a throwaway write, the way each accept will. A level the caller chose that the server
+cannot honour refuses to start; the default steps down to what the server can do, and says
+what an acknowledgement then means.
+
+``fsync`` needs ``appendfsync always``: on ``everysec`` this Valkey's WAITAOF counts a local
+fsync before it happens (measured here: 50 answers in a second with 2 fdatasync calls; the
+bug Redis fixed in redis/redis#13793), so only ``always`` keeps that promise.
 
 It also names the settings that could still lose an acknowledged accept at the level in force:
 any ``maxmemory-policy`` but ``noeviction`` (Valkey may evict a queue); at ``none``, no AOF or
-an ``appendfsync`` other than ``always``; below ``replica``, replicas a failover could promote
-before they received the newest accepts.
+an ``appendfsync`` other than ``always``; at ``replica``, a primary on ``everysec`` (restarted
+after a crash instead of failed over, it comes back without its last second, and its replicas
+resync to it); below ``replica``, replicas a failover could promote without the newest accepts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from valkey.asyncio.cluster import ValkeyCluster
 
 from ..core.settings import DURABILITY_LEVELS, DurabilityLevel
-from .client import Client
-from .store import Store
+from .client import Client, address
+from .replies import text
 from .waitaof import WaitAof, probe
 
 MEANING: dict[DurabilityLevel, str] = {
     "none": "an acknowledged accept is in Valkey's memory; what reaches the disk is up to the "
     "server's appendfsync",
     "fsync": "an acknowledged accept is fsynced to the primary's AOF",
-    "replica": "an acknowledged accept is fsynced to the primary's AOF and to at least one "
-    "replica's",
+    "replica": "an acknowledged accept is fsynced to at least one replica's AOF (and to the "
+    "primary's, on appendfsync always)",
 }
+_CONFIG = ("maxmemory-policy", "appendonly", "appendfsync", "save")
 
 
 class DurabilityError(RuntimeError):
@@ -49,7 +58,7 @@ class DurabilityReport:
     problems: list[str] = field(default_factory=list)
     """Settings that could lose an acknowledged accept at ``level`` (strict mode refuses)."""
     notes: list[str] = field(default_factory=list)
-    """Why the level stepped down, and what the level costs on this server."""
+    """Why the level stepped down."""
 
     def summary(self) -> str:
         """One line for the start-up log."""
@@ -58,40 +67,57 @@ class DurabilityReport:
         return f"accept_durability={self.level} ({how}{down}): {MEANING[self.level]}"
 
 
+async def _configs(client: Client) -> dict[str, dict[str, str]]:
+    """The settings that decide durability, per primary (by address)."""
+    raw: dict[str, Any]
+    if isinstance(client, ValkeyCluster):
+        raw = await client.config_get(*_CONFIG, target_nodes=ValkeyCluster.PRIMARIES)  # type: ignore[arg-type]
+    else:
+        raw = {address(client): await client.config_get(*_CONFIG)}  # type: ignore[arg-type]
+    return {node: {text(k): text(v) for k, v in cfg.items()} for node, cfg in raw.items()}
+
+
+async def _replicas(client: Client) -> dict[str, int]:
+    """Connected replicas, per primary."""
+    raw: dict[str, Any]
+    if isinstance(client, ValkeyCluster):
+        raw = await client.info("replication", target_nodes=ValkeyCluster.PRIMARIES)
+    else:
+        raw = {address(client): await client.info("replication")}
+    return {node: int(info.get("connected_slaves", 0)) for node, info in raw.items()}
+
+
 async def durability_problems(client: Client, level: DurabilityLevel = "none") -> list[str]:
-    """Say what in the server's configuration could lose an accept acknowledged at ``level``
-    ([] = none). At ``none`` the AOF settings decide; above it each accept waits for its
-    fsync, and below ``replica`` a replica could be promoted without the newest accepts."""
-    store = Store(client)
-    config = await store.server_config("maxmemory-policy", "appendonly", "appendfsync", "save")
+    """Say what in the configuration of each primary could lose an accept acknowledged at
+    ``level`` ([] = none); see the module's docstring."""
     problems = []
-    policy = config.get("maxmemory-policy", "")
-    if policy != "noeviction":
-        problems.append(
-            f"maxmemory-policy is {policy!r}: Valkey may evict queued prompts; use noeviction"
-        )
-    if level == "none":
-        if config.get("appendonly") != "yes":
-            if config.get("save"):
-                problems.append(
-                    "appendonly is off: a crash loses every accept since the last RDB snapshot"
-                )
-            else:
-                problems.append(
-                    "no persistence (appendonly no, save ''): a restart loses every accept"
-                )
-        elif config.get("appendfsync") != "always":
+    for node, config in (await _configs(client)).items():
+        policy, fsync = config.get("maxmemory-policy", ""), config.get("appendfsync")
+        if policy != "noeviction":
             problems.append(
-                f"appendfsync is {config.get('appendfsync')!r}: a crash can lose about a second "
-                "of acknowledged accepts; use appendfsync always or accept_durability fsync"
+                f"{node}: maxmemory-policy is {policy!r}: Valkey may evict queued prompts; "
+                "use noeviction"
+            )
+        if level == "none" and config.get("appendonly") != "yes":
+            problems.append(
+                f"{node}: appendonly is off: a crash loses every accept since the last RDB snapshot"
+                if config.get("save")
+                else f"{node}: no persistence (appendonly no, save ''): a restart loses "
+                "every accept"
+            )
+        elif level in ("none", "replica") and fsync != "always":
+            problems.append(
+                f"{node}: appendfsync is {fsync!r}: a crash that restarts this primary (no "
+                "failover) can lose about a second of acknowledged accepts; use appendfsync "
+                "always"
             )
     if level != "replica":
-        replicas = await store.replica_count()
-        if replicas:
-            problems.append(
-                f"the primary has {replicas} replica(s): a failover can lose acknowledged "
-                "accepts they had not received yet; use accept_durability replica"
-            )
+        for node, replicas in (await _replicas(client)).items():
+            if replicas:
+                problems.append(
+                    f"{node} has {replicas} replica(s): a failover can lose acknowledged "
+                    "accepts they had not received yet; use accept_durability replica"
+                )
     return problems
 
 
@@ -111,6 +137,14 @@ async def _shortfall(client: Client, level: DurabilityLevel, wait_for: float) ->
     if wait is None:
         return ""
     missing = []
+    if level == "fsync":
+        for node, config in (await _configs(client)).items():
+            fsync = config.get("appendfsync")
+            if config.get("appendonly") == "yes" and fsync != "always":
+                missing.append(
+                    f"{node}: appendfsync is {fsync!r}, and there WAITAOF counts a local fsync "
+                    "before it happens (redis/redis#13793): use appendfsync always"
+                )
     for node, seen in (await probe(client, wait)).items():
         if seen.error:
             missing.append(f"{node}: {seen.error}")
@@ -127,8 +161,7 @@ async def resolve_durability(
     """Decide the level each accept waits for on this server (see the module's docstring).
 
     Raises DurabilityError when the caller ``chosen`` a level the server cannot honour. A
-    probe waits up to ``wait_for`` seconds per level tried (a replica on ``appendfsync everysec``
-    fsyncs within about a second).
+    probe waits up to ``wait_for`` seconds per level tried.
     """
     notes: list[str] = []
     in_force = level
@@ -140,12 +173,5 @@ async def resolve_durability(
         if chosen:
             raise DurabilityError(f"accept_durability {candidate!r} cannot be honoured: {why}")
         notes.append(f"accept_durability {candidate!r} is not available ({why})")
-    if in_force != "none":
-        fsync = (await Store(client).server_config("appendfsync")).get("appendfsync")
-        if fsync != "always" and in_force == "fsync":
-            notes.append(
-                f"appendfsync is {fsync!r}: each accept waits for the primary's next fsync "
-                "(up to about a second); appendfsync always answers at once"
-            )
     problems = await durability_problems(client, in_force)
     return DurabilityReport(level, chosen, in_force, problems, notes)

@@ -409,16 +409,3 @@ class Store:
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
-
-    async def replica_count(self) -> int:
-        """Replicas connected to the primary (INFO replication); on a cluster, the fewest any
-        primary has."""
-        if isinstance(self.client, ValkeyCluster):
-            infos = await self.client.info("replication", target_nodes=ValkeyCluster.PRIMARIES)
-            return min(int(info.get("connected_slaves", 0)) for info in infos.values())
-        return int((await self.client.info("replication")).get("connected_slaves", 0))
-
-    async def server_config(self, *names: str) -> dict[str, str]:
-        """CONFIG GET for the named settings (the durability check reads these)."""
-        raw: dict[Any, Any] = await self.client.config_get(*names)  # type: ignore[arg-type]
-        return {text(k): text(v) for k, v in raw.items()}

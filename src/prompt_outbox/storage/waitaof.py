@@ -23,7 +23,7 @@ from valkey.commands.core import AsyncScript
 from valkey.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from ..core.settings import DurabilityLevel
-from .client import Client
+from .client import Client, address
 from .replies import Confirm, Confirmation, parse, text
 
 _FSYNCS: dict[DurabilityLevel, tuple[int, int]] = {"fsync": (1, 0), "replica": (1, 1)}
@@ -144,8 +144,7 @@ async def probe(client: Client, wait: WaitAof) -> dict[str, Confirmation]:
             if primaries <= targets.keys():
                 break
     else:
-        kwargs = client.connection_pool.connection_kwargs
-        targets = {f"{kwargs.get('host')}:{kwargs.get('port')}": "outboxprobe:{0}"}
+        targets = {address(client): "outboxprobe:{0}"}
 
     async def one(key: str) -> Confirmation:
         write = ("SET", key, "1", "PX", _PROBE_TTL_MS)
