@@ -58,10 +58,13 @@ class WaitAof:
         millisecond; ``WAITAOF`` alone waits for the replica's once-a-second report
         (measured: ~1 s either way). WAIT gets a quarter of the time: a replica that has not
         even received the write by then is down, and the whole wait stays within timeout."""
-        waitaof = ("WAITAOF", self.local, self.replicas, self.timeout_ms - self.timeout_ms // 4)
         if not self.replicas:
             return [("WAITAOF", self.local, 0, self.timeout_ms)]
-        return [("WAIT", self.replicas, max(1, self.timeout_ms // 4)), waitaof]
+        quarter = self.timeout_ms // 4
+        return [
+            ("WAIT", self.replicas, max(1, quarter)),
+            ("WAITAOF", self.local, self.replicas, self.timeout_ms - quarter),
+        ]
 
     def shortfall(self, seen: Confirmation, entry_id: str) -> str:
         """'' when ``seen`` confirms ``entry_id`` at this level, else what is missing."""
