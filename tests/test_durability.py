@@ -3,6 +3,8 @@ server, and an accept the server cannot confirm in time (NotDurable: written, no
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -169,6 +171,7 @@ def test_a_worker_names_the_level_in_force(tmp_path: Path) -> None:
          "--accept-durability", "none"],
         stderr=subprocess.PIPE, text=True,
         env={"PROMPT_OUTBOX_WEBHOOK_SECRET": "s", "PATH": "/usr/bin:/bin"},
+        start_new_session=True,  # its own group: the worker and the embedded Valkey it starts
     )  # fmt: skip
     try:
         assert proc.stderr is not None
@@ -179,7 +182,7 @@ def test_a_worker_names_the_level_in_force(tmp_path: Path) -> None:
         else:
             raise AssertionError("the worker never named its durability level")
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
