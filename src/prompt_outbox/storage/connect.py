@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from valkey.asyncio import Valkey
-from valkey.asyncio.cluster import ValkeyCluster
+from valkey.asyncio.cluster import NodesManager, ValkeyCluster
+from valkey.cluster import PRIMARY
 
 from .client import Client
 
@@ -32,6 +33,29 @@ an AttributeError ('NoneType' object has no attribute 'writelines') in the middl
 transition (tests/test_cluster_migration.py). A lost connection still rebuilds the table."""
 
 
+class _OnceMovedNodesManager(NodesManager):
+    """valkey-py 6.2's table of slot owners, with one MOVED applied once.
+
+    After a failover, concurrent commands all meet MOVED to the new primary, and the client
+    applies that MOVED once per command. The second time, the new primary is already the
+    slot's owner, and the update takes it for the *old* primary: it is marked a replica, so
+    SCRIPT LOAD (sent to primaries) skips it and every script on that shard answers NOSCRIPT
+    until the table is rebuilt (tests/chaos/test_failover.py found it; tests/test_connect.py
+    pins it). A MOVED naming the slot's current owner is already applied: drop it.
+    """
+
+    __slots__ = ()  # the same layout as NodesManager: the client's instance is re-classed
+
+    def _update_moved_slots(self) -> None:
+        moved = self._moved_exception
+        owners = self.slots_cache.get(moved.slot_id) if moved is not None else None
+        if moved is not None and owners and owners[0].name == f"{moved.host}:{moved.port}":
+            owners[0].server_type = PRIMARY
+            self._moved_exception = None  # type: ignore[assignment]  # the library's own reset
+            return
+        super()._update_moved_slots()
+
+
 def connect(url: str, **options: Any) -> Client:
     """A client for ``url`` (not yet connected): a ``ValkeyCluster`` for a ``+cluster``
     scheme (with ``CLUSTER_DEFAULTS``), else a ``Valkey``. ``options`` go to the client
@@ -39,6 +63,8 @@ def connect(url: str, **options: Any) -> Client:
     scheme, _, rest = url.partition("://")
     plain = CLUSTER_SCHEMES.get(scheme.lower())
     if plain is not None:
-        return ValkeyCluster.from_url(f"{plain}://{rest}", **{**CLUSTER_DEFAULTS, **options})
+        cluster = ValkeyCluster.from_url(f"{plain}://{rest}", **{**CLUSTER_DEFAULTS, **options})
+        cluster.nodes_manager.__class__ = _OnceMovedNodesManager
+        return cluster
     client: Valkey = Valkey.from_url(url, **options)
     return client
