@@ -203,6 +203,8 @@ async def test_fsync_needs_appendfsync_always_and_replica_needs_a_replica_that_f
         assert report.level == "replica"
         assert not any("replica(s)" in p for p in report.problems)  # a failover loses nothing
         assert any("restarts this primary" in p for p in report.problems)  # a restart may
+        replica = f"replica 127.0.0.1:{replicated_pair.replica_port}: appendfsync is everysec"
+        assert any(p.startswith(replica) for p in report.problems)  # its count is early
     finally:
         await client.aclose()
 

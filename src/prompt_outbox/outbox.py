@@ -125,6 +125,7 @@ class Outbox:
                     wait_for=t.durability_timeout,
                 )
                 self._wait = WaitAof.for_level(report.level, t.durability_timeout)
+                await self._store.load_scripts()
                 self._durability = report
             return self._durability
 

@@ -15,7 +15,9 @@ It also names the settings that could still lose an acknowledged accept at the l
 any ``maxmemory-policy`` but ``noeviction`` (Valkey may evict a queue); at ``none``, no AOF or
 an ``appendfsync`` other than ``always``; at ``replica``, a primary on ``everysec`` (restarted
 after a crash instead of failed over, it comes back without its last second, and its replicas
-resync to it); below ``replica``, replicas a failover could promote without the newest accepts.
+resync to it) and a replica on ``everysec`` (its fsync count reaches the primary early too:
+the accept is in its memory, on its disk within a second); below ``replica``, replicas a
+failover could promote without the newest accepts.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from valkey.asyncio import Valkey
 from valkey.asyncio.cluster import ValkeyCluster
+from valkey.exceptions import ValkeyError
 
 from ..core.settings import DURABILITY_LEVELS, DurabilityLevel
 from .client import Client, address
@@ -34,8 +38,8 @@ MEANING: dict[DurabilityLevel, str] = {
     "none": "an acknowledged accept is in Valkey's memory; what reaches the disk is up to the "
     "server's appendfsync",
     "fsync": "an acknowledged accept is fsynced to the primary's AOF",
-    "replica": "an acknowledged accept is fsynced to at least one replica's AOF (and to the "
-    "primary's, on appendfsync always)",
+    "replica": "an acknowledged accept is on at least one replica that writes an AOF (and on "
+    "disk there and on the primary where they run appendfsync always)",
 }
 _CONFIG = ("maxmemory-policy", "appendonly", "appendfsync", "save")
 
@@ -77,21 +81,48 @@ async def _configs(client: Client) -> dict[str, dict[str, str]]:
     return {node: {text(k): text(v) for k, v in cfg.items()} for node, cfg in raw.items()}
 
 
-async def _replicas(client: Client) -> dict[str, int]:
-    """Connected replicas, per primary."""
+async def _replicas(client: Client) -> dict[str, list[str]]:
+    """The replicas connected to each primary (their addresses)."""
     raw: dict[str, Any]
     if isinstance(client, ValkeyCluster):
         raw = await client.info("replication", target_nodes=ValkeyCluster.PRIMARIES)
     else:
         raw = {address(client): await client.info("replication")}
-    return {node: int(info.get("connected_slaves", 0)) for node, info in raw.items()}
+    return {
+        node: [
+            f"{value['ip']}:{value['port']}"
+            for key, value in info.items()
+            if key.startswith("slave") and isinstance(value, dict) and "ip" in value
+        ]
+        for node, info in raw.items()
+    }
+
+
+async def _replica_fsync(client: Client, replica: str) -> str:
+    """A replica's ``appendfsync``, asked of the replica itself (with the client's credentials),
+    or why it could not be asked."""
+    kwargs = (
+        client.get_connection_kwargs()
+        if isinstance(client, ValkeyCluster)
+        else client.connection_pool.connection_kwargs
+    )
+    host, _, port = replica.rpartition(":")
+    username, password = kwargs.get("username"), kwargs.get("password")
+    try:
+        async with Valkey(
+            host=host, port=int(port), username=username, password=password, socket_timeout=5
+        ) as node:
+            return text((await node.config_get("appendfsync")).get("appendfsync", "?"))
+    except (ValkeyError, OSError) as exc:
+        return f"unknown ({exc})"
 
 
 async def durability_problems(client: Client, level: DurabilityLevel = "none") -> list[str]:
     """Say what in the configuration of each primary could lose an accept acknowledged at
     ``level`` ([] = none); see the module's docstring."""
     problems = []
-    for node, config in (await _configs(client)).items():
+    configs = await _configs(client)
+    for node, config in configs.items():
         policy, fsync = config.get("maxmemory-policy", ""), config.get("appendfsync")
         if policy != "noeviction":
             problems.append(
@@ -105,19 +136,38 @@ async def durability_problems(client: Client, level: DurabilityLevel = "none") -
                 else f"{node}: no persistence (appendonly no, save ''): a restart loses "
                 "every accept"
             )
-        elif level in ("none", "replica") and fsync != "always":
+        elif level == "none" and fsync != "always":
             problems.append(
                 f"{node}: appendfsync is {fsync!r}: a crash that restarts this primary (no "
                 "failover) can lose about a second of acknowledged accepts; use appendfsync "
                 "always"
             )
+    replicas = await _replicas(client)
     if level != "replica":
-        for node, replicas in (await _replicas(client)).items():
-            if replicas:
+        for node, found in replicas.items():
+            if found:
                 problems.append(
-                    f"{node} has {replicas} replica(s): a failover can lose acknowledged "
+                    f"{node} has {len(found)} replica(s): a failover can lose acknowledged "
                     "accepts they had not received yet; use accept_durability replica"
                 )
+        return problems
+    # At replica: WAITAOF's count is only as good as each side's fsync (see the docstring).
+    for node, config in configs.items():
+        if config.get("appendfsync") != "always":
+            problems.append(
+                f"{node}: appendfsync is {config.get('appendfsync')!r}: a crash that restarts "
+                "this primary (no failover) can lose about a second of acknowledged accepts, "
+                "and its replicas resync to it; use appendfsync always"
+            )
+    for replica in (r for found in replicas.values() for r in found):
+        fsync = await _replica_fsync(client, replica)
+        if fsync != "always":
+            problems.append(
+                f"replica {replica}: appendfsync is {fsync}: its fsync count reaches the "
+                "primary before its fsync does, so an acknowledged accept is in its memory "
+                "but on its disk only within about a second (a failover keeps it; a crash of "
+                "the primary and this replica together may not); use appendfsync always"
+            )
     return problems
 
 

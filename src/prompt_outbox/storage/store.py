@@ -143,10 +143,7 @@ class Store:
             answers = await pipe.execute(raise_on_error=False)
             if attempt == 1 and isinstance(answers[1], NoScriptError):
                 # The transition did not run: load every script and send it all again.
-                loading = self.client.pipeline(transaction=False)
-                for script in self._scripts.values():
-                    loading.script_load(script.script)
-                await loading.execute()
+                await self.load_scripts()
                 continue
             # The transition ran (or failed by itself): never send it twice. A mark that met
             # NOSCRIPT (another client loaded only some scripts) is redone alone: the first
@@ -406,6 +403,18 @@ class Store:
                 name = text(key)
                 found.add(name[name.index("{") + 1 : name.rindex("}")])
         return found
+
+    async def load_scripts(self) -> None:
+        """SCRIPT LOAD every script (on a cluster, on every primary). Done once before the
+        first accept, so that it does not meet NOSCRIPT and send its durability wait twice."""
+        if isinstance(self.client, ValkeyCluster):
+            for script in self._scripts.values():
+                await self.client.script_load(script.script)
+            return
+        loading = self.client.pipeline(transaction=False)
+        for script in self._scripts.values():
+            loading.script_load(script.script)
+        await loading.execute()
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
