@@ -4,11 +4,13 @@ standalone server's, as valkey-py reads it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from valkey.asyncio import Valkey
+from valkey.asyncio import Connection, SSLConnection, Valkey
 from valkey.asyncio.cluster import NodesManager, ValkeyCluster
 from valkey.cluster import PRIMARY
+from valkey.exceptions import ConnectionError as ValkeyConnectionError
 
 from .client import Client
 
@@ -33,15 +35,22 @@ an AttributeError ('NoneType' object has no attribute 'writelines') in the middl
 transition (tests/test_cluster_migration.py). A lost connection still rebuilds the table."""
 
 
-class _OnceMovedNodesManager(NodesManager):
-    """valkey-py 6.2's table of slot owners, with one MOVED applied once.
+class _FailoverNodesManager(NodesManager):
+    """valkey-py 6.2's table of slot owners, fixed for what a failover does to it.
 
-    After a failover, concurrent commands all meet MOVED to the new primary, and the client
-    applies that MOVED once per command. The second time, the new primary is already the
-    slot's owner, and the update takes it for the *old* primary: it is marked a replica, so
-    SCRIPT LOAD (sent to primaries) skips it and every script on that shard answers NOSCRIPT
-    until the table is rebuilt (tests/chaos/test_failover.py found it; tests/test_connect.py
-    pins it). A MOVED naming the slot's current owner is already applied: drop it.
+    - One MOVED applied once. After a failover, concurrent commands all meet MOVED to the new
+      primary, and the client applies it once per command. The second time, the new primary
+      is already the slot's owner, and the update takes it for the *old* primary: it is
+      marked a replica, so SCRIPT LOAD (sent to primaries) skips it and every script on that
+      shard answers NOSCRIPT until the table is rebuilt. A MOVED naming the slot's current
+      owner is already applied: drop it.
+    - The default node kept while the table closes. A lost connection makes the client close
+      every node before it rebuilds the table, and the library clears the default node first:
+      a pipeline of another task that met an error in that window read the default node's
+      name and raised AttributeError. The old default node is kept until the rebuild names a
+      new one (a command sent to it meanwhile meets a clear ConnectionError, and is retried).
+
+    tests/chaos/test_failover.py found both; tests/test_connect.py pins them.
     """
 
     __slots__ = ()  # the same layout as NodesManager: the client's instance is re-classed
@@ -55,6 +64,62 @@ class _OnceMovedNodesManager(NodesManager):
             return
         super()._update_moved_slots()
 
+    async def aclose(self, attr: str = "nodes_cache") -> None:
+        # The library's aclose, without clearing default_node (initialize() sets it anew).
+        await self._close_pending_node_disconnects()
+        await asyncio.gather(*(node.disconnect() for node in getattr(self, attr).values()))
+
+
+class _Connection(Connection):
+    """A cluster node's connection whose close under a running command is a ConnectionError.
+
+    When the client rebuilds its table it disconnects every old node's connections, those in
+    use by other tasks too (valkey-py issue 185). A task then writing on one met
+    AttributeError ('NoneType' object has no attribute 'writelines'): an HTTP 500 where
+    "Valkey unavailable" (503, and the client's own retry) is the truth.
+    """
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except AttributeError as err:
+            if self.is_connected:  # on an open connection, a bug: it stays one
+                raise
+            raise _closed(err) from err
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except AttributeError as err:
+            if self.is_connected:  # on an open connection, a bug: it stays one
+                raise
+            raise _closed(err) from err
+
+
+class _SSLConnection(SSLConnection, _Connection):
+    """_Connection over TLS."""
+
+
+_SAFE_CONNECTIONS: dict[type[Connection], type[Connection]] = {
+    Connection: _Connection,
+    SSLConnection: _SSLConnection,
+}
+
+
+def _closed(err: AttributeError) -> ValkeyConnectionError:
+    return ValkeyConnectionError(f"the connection closed under the command ({err})")
+
+
+def _fix_cluster(cluster: ValkeyCluster) -> None:
+    """The workarounds above, on a cluster client not yet connected."""
+    nodes = cluster.nodes_manager
+    nodes.__class__ = _FailoverNodesManager
+    kind = nodes.connection_kwargs.get("connection_class", Connection)
+    safe = _SAFE_CONNECTIONS.get(kind, kind)  # a class of the caller's own is left alone
+    nodes.connection_kwargs["connection_class"] = safe
+    for node in nodes.startup_nodes.values():
+        node.connection_class = safe
+
 
 def connect(url: str, **options: Any) -> Client:
     """A client for ``url`` (not yet connected): a ``ValkeyCluster`` for a ``+cluster``
@@ -64,7 +129,7 @@ def connect(url: str, **options: Any) -> Client:
     plain = CLUSTER_SCHEMES.get(scheme.lower())
     if plain is not None:
         cluster = ValkeyCluster.from_url(f"{plain}://{rest}", **{**CLUSTER_DEFAULTS, **options})
-        cluster.nodes_manager.__class__ = _OnceMovedNodesManager
+        _fix_cluster(cluster)
         return cluster
     client: Valkey = Valkey.from_url(url, **options)
     return client
