@@ -454,19 +454,30 @@ STANDALONE_RUNS = [
 LINKS = [pytest.param(False, id="direct"), pytest.param(True, id="lagging")]
 
 
+async def failover_rounds(
+    tmp_path: Path,
+    level: DurabilityLevel,
+    lagging: bool,
+    rounds: int,
+    sessions: int,
+    seconds: float,
+) -> list[Outcome]:
+    """``rounds`` standalone failovers one after another, each on a fresh pair."""
+    return [
+        await standalone_failover(
+            tmp_path / f"round-{r}", level, lagging, sessions, seconds, f"{r + 1}/{rounds}"
+        )
+        for r in range(rounds)
+    ]
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("lagging", LINKS)
 @pytest.mark.parametrize(("rounds", "sessions", "seconds"), STANDALONE_RUNS)
 async def test_a_failover_keeps_every_acknowledged_replica_accept(
     tmp_path: Path, rounds: int, sessions: int, seconds: float, lagging: bool
 ) -> None:
-    results = [
-        await standalone_failover(
-            tmp_path / f"round-{r}", "replica", lagging, sessions, seconds, f"{r + 1}/{rounds}"
-        )
-        for r in range(rounds)
-    ]
-    for result in results:
+    for result in await failover_rounds(tmp_path, "replica", lagging, rounds, sessions, seconds):
         assert result.missing == [], result  # an acknowledged accept lost: the level failed
         assert result.verdict.ok, result
         result.assert_delivered_once()
@@ -480,13 +491,7 @@ async def test_a_failover_without_the_wait_shows_what_it_can_lose(
     tmp_path: Path, rounds: int, sessions: int, seconds: float, lagging: bool
 ) -> None:
     """``none``: the count of acknowledged accepts lost is reported, not asserted."""
-    results = [
-        await standalone_failover(
-            tmp_path / f"round-{r}", "none", lagging, sessions, seconds, f"{r + 1}/{rounds}"
-        )
-        for r in range(rounds)
-    ]
-    for result in results:
+    for result in await failover_rounds(tmp_path, "none", lagging, rounds, sessions, seconds):
         result.assert_delivered_once()
         result.assert_clear_answers()
 
