@@ -32,11 +32,13 @@ chaos: $(STAMP)
 	CHAOS_REPORT=chaos-report.txt $(BIN)/pytest -q -m '' tests/chaos
 
 # The benchmarks (about two minutes): idle cost, accept -> delivery start, open SSE streams
-# (bench/scale.py); what each accept level costs (bench/durability.py). Figures go to the
+# (bench/scale.py); what each accept level costs (bench/durability.py); server time per
+# transition against the queue's length (bench/transitions.py). Figures go to the
 # terminal and bench-report.md; docs/performance.md keeps the latest.
 bench: $(STAMP)
 	$(BIN)/python -m bench.scale --out bench-report.md
 	$(BIN)/python -m bench.durability --out bench-report.md
+	$(BIN)/python -m bench.transitions --out bench-report.md
 
 demo: $(STAMP)
 	$(BIN)/prompt-outbox demo

@@ -5,7 +5,7 @@ ratios within one run (docs/performance.md)."""
 from __future__ import annotations
 
 import pytest
-from bench import durability
+from bench import durability, transitions
 from bench.scale import Figures, run
 
 
@@ -37,3 +37,12 @@ async def test_the_durability_benchmark_measures_every_level() -> None:
     for _, _, latency, rate in report.rows:
         assert latency.startswith("p50 ") and float(rate) > 0
     assert "| setup | level |" in report.markdown()
+
+
+@pytest.mark.timeout(120)
+async def test_the_transition_benchmark_measures_each_queue_length() -> None:
+    report = await transitions.run([1, 30], rounds=5)
+    assert [r.length for r in report.rows] == [1, 30]
+    for row in report.rows:
+        assert row.usec_per_call > 0 and row.calls_per_prompt >= 4  # accept + a delivery step
+    assert "| queue length |" in report.markdown()

@@ -28,5 +28,5 @@ if n >= cap then return {'full', n} end
 redis.call('RPUSH', KEYS[Q], entry)
 emit(KEYS, 'accepted', id, entry)
 redis.call('SET', KEYS[8], id, 'PX', ttl)
-refresh(KEYS, ses, now)
+refresh_head(KEYS, ses, now)
 return {'ok'}

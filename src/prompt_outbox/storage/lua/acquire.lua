@@ -22,7 +22,7 @@
 local ses, lockval, lease, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local other, cur = held_by_other(KEYS, lockval)
 if other then
-  refresh(KEYS, ses, now)
+  refresh_head(KEYS, ses, now)
   return {'busy'}
 end
 local staged = redis.call('LRANGE', KEYS[D], 0, -1)
@@ -38,6 +38,6 @@ if raw and due <= now then
 end
 local before = ready_of(KEYS, ses)
 if cur then redis.call('DEL', KEYS[L]) end
-refresh(KEYS, ses, now)
+refresh_head(KEYS, ses, now)
 if raw then return {'wait', lowered(KEYS, ses, before)} end
 return {'idle', lowered(KEYS, ses, before)}

@@ -41,7 +41,13 @@ if refused then
   if mine then return {'ok'} end
   return {refused}
 end
-local removed = remove_id(KEYS[Q], id) + remove_id(KEYS[D], id)
+-- Staging, then the queue up to its head: every copy a stage, restore or recovery can leave
+-- sits there (they insert at or before the head). Only when neither holds one (the claim of
+-- an error entry further back, or of nothing) is the whole queue read.
+local from_d, error_d = remove_id(KEYS[D], id, false)
+local from_q, error_q = remove_id(KEYS[Q], id, true)
+if from_d + from_q == 0 then from_q, error_q = remove_id(KEYS[Q], id, false) end
+local removed = from_d + from_q
 if removed > 0 then
   redis.call('SET', KEYS[8], lockval, 'PX', ARGV[5])
   if grace > 0 then
@@ -50,6 +56,6 @@ if removed > 0 then
   end
   emit(KEYS, 'sent', id, '')
 end
-refresh(KEYS, ses, now)
+if error_d or error_q then refresh(KEYS, ses, now) else refresh_head(KEYS, ses, now) end
 if removed > 0 or mine then return {'ok'} end
 return {'gone'}

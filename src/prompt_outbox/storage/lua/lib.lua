@@ -79,13 +79,34 @@ local function blocking(status)
   return status == 'pending' or status == 'verifying' or status == 'delivering'
 end
 
--- The first blocking entry of the queue: raw string and due time (ms), or nil.
-local function find_head(queue)
-  for _, raw in ipairs(redis.call('LRANGE', queue, 0, -1)) do
-    local e = decode(raw)
-    if e and blocking(e.status) then return raw, parse_ms(e.nextAttemptAt) end
+-- Walk the queue from its head in growing slices, calling visit(raw, e, index0) for each
+-- entry (e nil if it does not decode) until visit returns true. Slices, not LRANGE 0 -1: the
+-- delivery head is almost always the first entry, so a hot-path script reads one or a few
+-- entries whatever the queue's length (only error / parked entries ahead of it are read too).
+local function walk(queue, visit)
+  local start, size = 0, 1
+  while true do
+    local items = redis.call('LRANGE', queue, start, start + size - 1)
+    for i, raw in ipairs(items) do
+      if visit(raw, decode(raw), start + i - 1) then return true end
+    end
+    if #items < size then return false end
+    start = start + size
+    size = math.min(size * 4, 256)
   end
-  return nil
+end
+
+-- The first blocking entry of the queue: raw string, due time (ms) and 0-based index, or nil.
+local function find_head(queue)
+  local head, due, at
+  walk(queue, function(raw, e, i)
+    if e and blocking(e.status) then
+      head, due, at = raw, parse_ms(e.nextAttemptAt), i
+      return true
+    end
+    return false
+  end)
+  return head, due, at
 end
 
 -- 0-based index of the entry with this id in a list, or nil.
@@ -97,14 +118,22 @@ local function index_of_id(list, id)
   return nil
 end
 
--- Remove every copy of the entry with this id from a list; returns how many went.
-local function remove_id(list, id)
+-- Remove every copy of the entry with this id from a list, or (head_only) from the queue's
+-- entries up to and including its delivery head. Returns how many went, and whether one of
+-- them was an error entry (the errors index must then be re-derived).
+local function remove_id(list, id, head_only)
+  local found = {}
+  local had_error = false
+  walk(list, function(raw, e, _)
+    if e and e.id == id then
+      table.insert(found, raw)
+      had_error = had_error or e.status == 'error'
+    end
+    return head_only and e ~= nil and blocking(e.status)
+  end)
   local n = 0
-  for _, raw in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    local e = decode(raw)
-    if e and e.id == id then n = n + redis.call('LREM', list, 1, raw) end
-  end
-  return n
+  for _, raw in ipairs(found) do n = n + redis.call('LREM', list, 1, raw) end
+  return n, had_error
 end
 
 -- Put an entry back where it stood: before the first entry that blocks (the delivery head)
@@ -112,12 +141,12 @@ end
 local function insert_in_place(queue, raw)
   local mine = decode(raw)
   local at = mine and parse_ms(mine.acceptedAt) or 0
-  for _, other in ipairs(redis.call('LRANGE', queue, 0, -1)) do
-    local e = decode(other)
-    if e and (blocking(e.status) or parse_ms(e.acceptedAt) > at) then
-      return redis.call('LINSERT', queue, 'BEFORE', other, raw)
-    end
-  end
+  local before
+  walk(queue, function(other, e, _)
+    if e and (blocking(e.status) or parse_ms(e.acceptedAt) > at) then before = other end
+    return before ~= nil
+  end)
+  if before then return redis.call('LINSERT', queue, 'BEFORE', before, raw) end
   return redis.call('RPUSH', queue, raw)
 end
 
@@ -163,31 +192,14 @@ local function take_lock(K, ses, lockval, lease, now)
   redis.call('ZADD', K[READY], now + lease, ses)
 end
 
--- Recompute the workspace indexes for one session from its lists: the only place they are
--- derived, called at the end of every script that changes a session.
-local function refresh(K, ses, now)
-  local items = redis.call('LRANGE', K[Q], 0, -1)
+-- The sessions and ready indexes for one session, given its delivery head's due time (nil
+-- when nothing blocks).
+local function index(K, ses, now, due)
   local staged = redis.call('LLEN', K[D])
-  local due, has_error = nil, false
-  for _, raw in ipairs(items) do
-    local e = decode(raw)
-    if e then
-      if e.status == 'error' then
-        has_error = true
-      elseif due == nil and blocking(e.status) then
-        due = parse_ms(e.nextAttemptAt)
-      end
-    end
-  end
-  if #items + staged == 0 then
+  if redis.call('LLEN', K[Q]) + staged == 0 then
     redis.call('SREM', K[SESSIONS], ses)
   else
     redis.call('SADD', K[SESSIONS], ses)
-  end
-  if has_error then
-    redis.call('SADD', K[ERRORS], ses)
-  else
-    redis.call('SREM', K[ERRORS], ses)
   end
   local pttl = redis.call('PTTL', K[L])
   if pttl ~= -2 then
@@ -202,4 +214,35 @@ local function refresh(K, ses, now)
   else
     redis.call('ZREM', K[READY], ses)
   end
+end
+
+-- Recompute the workspace indexes for one session from its lists: the only place they are
+-- derived, called at the end of every script that changes a session. Reads the whole queue
+-- (the errors index needs every entry): for scripts that may add or remove an error entry.
+local function refresh(K, ses, now)
+  local due, has_error = nil, false
+  for _, raw in ipairs(redis.call('LRANGE', K[Q], 0, -1)) do
+    local e = decode(raw)
+    if e then
+      if e.status == 'error' then
+        has_error = true
+      elseif due == nil and blocking(e.status) then
+        due = parse_ms(e.nextAttemptAt)
+      end
+    end
+  end
+  if has_error then
+    redis.call('SADD', K[ERRORS], ses)
+  else
+    redis.call('SREM', K[ERRORS], ses)
+  end
+  index(K, ses, now, due)
+end
+
+-- refresh() for a script that added and removed no error entry (accept, acquire, release, a
+-- complete that claimed a non-error entry): the errors index is still exact, so only the
+-- queue's head is read, and the cost does not grow with the queue.
+local function refresh_head(K, ses, now)
+  local _, due = find_head(K[Q])
+  index(K, ses, now, due)
 end

@@ -19,6 +19,6 @@ local ses, lockval, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local before = ready_of(KEYS, ses)
 local held = holds(KEYS, lockval)
 if held then redis.call('DEL', KEYS[L]) end
-refresh(KEYS, ses, now)
+refresh_head(KEYS, ses, now)
 if held then return {'ok', lowered(KEYS, ses, before)} end
 return {'lost', lowered(KEYS, ses, before)}
