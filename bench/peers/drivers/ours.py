@@ -1,0 +1,78 @@
+"""prompt-outbox's driver: a job is an accepted prompt, the worker is ``Outbox.running``.
+
+Runs in the project's own ``.venv``. Every session lives in one workspace; the completion hook
+is OnDelivered (``set_on_delivered``), which fires after the claim is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+from pathlib import Path
+
+import valkey.asyncio as valkey_async
+
+from prompt_outbox import Entry, Outbox, Tunables
+
+sys.path.append(str(Path(__file__).resolve().parent))  # last: shadows no installed package
+import _proto
+
+WORKSPACE = "bench"
+
+
+def tunables(args: _proto.Args) -> Tunables:
+    # cap: every job of a session is queued before the worker starts.
+    cap = max(25, math.ceil(args.jobs / args.sessions))
+    return Tunables(
+        concurrency=args.concurrency,
+        cap=cap,
+        accept_durability=args.durability,  # type: ignore[arg-type]
+    )
+
+
+async def enqueue(args: _proto.Args) -> None:
+    client = valkey_async.Valkey.from_url(args.url)
+    outbox = Outbox(client, tunables(args))
+    try:
+        await outbox.check_durability()
+
+        async def add(session: int, number: int) -> None:
+            name = _proto.session_name(session)
+            await outbox.accept(WORKSPACE, name, "bench", f"{name}-{number}", str(number))
+
+        await _proto.enqueue_all(args, add)
+    finally:
+        await outbox.aclose()
+        await client.aclose()
+
+
+async def work(args: _proto.Args) -> None:
+    client = valkey_async.Valkey.from_url(args.url)
+    outbox = Outbox(client, tunables(args))
+    tracker = _proto.Tracker(args.jobs)
+
+    async def deliver(ws: str, ses: str, entry: Entry) -> None:
+        await _proto.handle(tracker, int(ses[1:]), int(entry.text))
+
+    async def delivered(ws: str, ses: str, entry: Entry) -> None:
+        tracker.completed()
+
+    outbox.set_on_delivered(delivered)
+    try:
+        await outbox.check_durability()
+        async with outbox.running(deliver):
+            finished = await tracker.wait(args.timeout)
+            tracker.report(timed_out=not finished)
+    finally:
+        await outbox.aclose()
+        await client.aclose()
+
+
+def main() -> None:
+    args = _proto.parse_args()
+    asyncio.run(enqueue(args) if args.mode == "enqueue" else work(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""SAQ's driver (saq 0.26, Redis backend): ``Queue.enqueue``, a ``Worker`` of the given
+concurrency, and its ``after_process`` hook as the completion hook.
+
+SAQ calls ``after_process`` after ``job.finish`` has written the result, and also after a
+failure or a retry: only jobs whose status is ``complete`` count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from saq import Queue, Worker
+from saq.job import Status
+
+sys.path.append(str(Path(__file__).resolve().parent))  # last: shadows no installed package
+import _proto
+
+
+async def enqueue(args: _proto.Args) -> None:
+    queue = Queue.from_url(args.url, name=_proto.QUEUE)
+    await queue.connect()
+    try:
+
+        async def add(session: int, number: int) -> None:
+            # SAQ's default job key is a fresh uuid1: each job is new, as in the other drivers.
+            await queue.enqueue(_proto.TASK, session=session, number=number)
+
+        await _proto.enqueue_all(args, add)
+    finally:
+        await queue.disconnect()
+
+
+async def work(args: _proto.Args) -> None:
+    queue = Queue.from_url(args.url, name=_proto.QUEUE)
+    await queue.connect()
+    tracker = _proto.Tracker(args.jobs)
+
+    async def noop(ctx: dict[str, Any], *, session: int, number: int) -> None:
+        await _proto.handle(tracker, session, number)
+
+    async def after_process(ctx: dict[str, Any]) -> None:
+        job = ctx.get("job")
+        if job is not None and job.status == Status.COMPLETE:
+            tracker.completed()
+
+    worker = Worker(
+        queue,
+        functions=[(_proto.TASK, noop)],
+        concurrency=args.concurrency,
+        after_process=after_process,
+    )
+    running = asyncio.create_task(worker.start())
+    finished = await tracker.wait(args.timeout)
+    tracker.report(timed_out=not finished)
+    await worker.stop()
+    await running
+    await queue.disconnect()
+
+
+def main() -> None:
+    args = _proto.parse_args()
+    asyncio.run(enqueue(args) if args.mode == "enqueue" else work(args))
+
+
+if __name__ == "__main__":
+    main()
