@@ -31,14 +31,17 @@ test-all: lint
 chaos: $(STAMP)
 	CHAOS_REPORT=chaos-report.txt $(BIN)/pytest -q -m '' tests/chaos
 
-# The benchmarks (about two minutes): idle cost, accept -> delivery start, open SSE streams
+# The benchmarks (about four minutes): idle cost, accept -> delivery start, open SSE streams
 # (bench/scale.py); what each accept level costs (bench/durability.py); server time per
-# transition against the queue's length (bench/transitions.py). Figures go to the
-# terminal and bench-report.md; docs/performance.md keeps the latest.
+# transition against the queue's length (bench/transitions.py); end-to-end throughput against
+# SAQ, BullMQ, streaq and arq (bench/peers; its first run installs each peer into a venv of
+# its own under .cache/, about half a minute). Figures go to the terminal and
+# bench-report.md; docs/performance.md keeps the latest.
 bench: $(STAMP)
 	$(BIN)/python -m bench.scale --out bench-report.md
 	$(BIN)/python -m bench.durability --out bench-report.md
 	$(BIN)/python -m bench.transitions --out bench-report.md
+	$(BIN)/python -m bench.peers --out bench-report.md
 
 demo: $(STAMP)
 	$(BIN)/prompt-outbox demo
