@@ -276,7 +276,8 @@ async def test_a_completion_retried_after_a_lost_reply_is_still_the_claim(
     k = session_keys(WS, SES)
 
     async def complete(lockval: str) -> Claim:
-        return await store.complete(k, entry.to_json(), entry.id, lockval, 1, grace_ms=0)
+        got = await store.complete(k, entry.to_json(), entry.id, lockval, 1, grace_ms=0)
+        return got.claim
 
     assert (await store.acquire(k, "mine:1", 10_000, 1)).kind is Acquire.HEAD
     assert await complete("mine:1") is Claim.CLAIMED  # its reply lost

@@ -31,7 +31,8 @@ PLAN = {
     "after-acquire": ("pending", "run-ok"),
     "after-stage": ("pending", "run-ok"),
     "after-deliver": ("pending", "run-ok"),
-    "after-complete": ("pending", "run-ok"),
+    # Two queued: the claim also leases the next head (the drain's next step) before the crash.
+    "after-complete": ("backlog", "run-ok"),
     "after-hook": ("pending", "run-ok"),
     "after-restore": ("pending", "run-fail"),
     "after-verify": ("pending", "run-ambiguous-once"),
@@ -71,9 +72,11 @@ async def test_a_crash_at_each_point_loses_nothing(
     outbox = Outbox(client, CRASH_TUNABLES)
     ids: list[str] = []
     arg = ""
-    if setup in ("pending", "staged"):
+    if setup in ("pending", "staged", "backlog"):
         ids.append((await outbox.accept(WS, SES, "u", "c1", "the prompt")).id)
         arg = ids[0]
+    if setup == "backlog":
+        ids.append((await outbox.accept(WS, SES, "u", "c2", "the next prompt")).id)
     if setup == "staged":  # a worker died after staging: the staging list holds it
         assert crash("after-stage", "run-ok", valkey_server.url, tmp_path) == CRASH_EXIT_CODE
     if setup == "error":

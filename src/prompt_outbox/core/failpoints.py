@@ -20,7 +20,7 @@ class CrashPoint(StrEnum):
     AFTER_ACQUIRE = "after-acquire"  # the lock is held, nothing staged
     AFTER_STAGE = "after-stage"  # staged, the agent not called yet
     AFTER_DELIVER = "after-deliver"  # the agent answered, nothing recorded
-    AFTER_COMPLETE = "after-complete"  # claimed, OnDelivered not fired
+    AFTER_COMPLETE = "after-complete"  # claimed (and the next head leased), OnDelivered not fired
     AFTER_HOOK = "after-hook"  # OnDelivered fired, its record not cleared
     AFTER_RESTORE = "after-restore"  # the failure recorded, the lock not released
     AFTER_VERIFY = "after-verify"  # the verdict known, nothing recorded

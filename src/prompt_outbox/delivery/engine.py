@@ -13,6 +13,7 @@ import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..core import machine
@@ -23,8 +24,8 @@ from ..core.keys import SessionKeys
 from ..core.metrics import Metrics
 from ..core.settings import Tunables
 from ..core.timeutil import Clock, to_ms
-from ..storage.replies import Acquire, Claim, Replace, Write
-from ..storage.store import TRANSIENT_ERRORS, Store
+from ..storage.replies import Acquire, Acquired, Claim, Replace, Write
+from ..storage.store import TRANSIENT_ERRORS, Store, notice_member
 from .lease import kept, new_lock_value
 from .tasks import never
 
@@ -38,6 +39,18 @@ class Step(enum.Enum):
     ACTED = "acted"  # an attempt, a verification pass or a recovery; the lock is still held
     NONE = "none"  # nothing due; the lock is released
     BUSY = "busy"  # another holder has the session
+
+
+@dataclass(slots=True)
+class Hold:
+    """One drain's hold of a session. Two round trips per entry ride on others: a claim
+    answers the next step (``next``, saving an acquire), and the OnDelivered call that has run
+    (``ran``, an entry ID) is forgotten by the next stage instead of a call of its own."""
+
+    lockval: str
+    want_next: bool = False  # the drain will take another step after this one
+    next: Acquired | None = None
+    ran: str = ""
 
 
 class Engine:
@@ -76,46 +89,61 @@ class Engine:
     ) -> bool:
         """Step the session until nothing is due (or ``max_steps``, or ``stopping()``),
         keeping its lock between entries, then release it. True if any step acted."""
-        lockval = self.lock_value()
+        hold = Hold(self.lock_value())
         step, steps, acted = Step.NONE, 0, False
         try:
             while not stopping() and (max_steps is None or steps < max_steps):
-                step = await self.step(k, deliverer, lockval)
+                hold.want_next = max_steps is None or steps + 1 < max_steps
+                step = await self.step(k, deliverer, hold)
                 steps += 1
                 if step is not Step.ACTED:
                     break
                 acted = True
         finally:
-            if step is Step.ACTED:
-                await self.release(k, lockval)
+            await self._forget_ran(k, hold)
+            # A claim's WAIT / IDLE let the lock go already; any other last step holds it.
+            if step is Step.ACTED and (hold.next is None or hold.next.holds_lock):
+                await self.release(k, hold.lockval)
         return acted
 
-    async def step(self, k: SessionKeys, deliverer: Deliverer, lockval: str) -> Step:
+    async def step(self, k: SessionKeys, deliverer: Deliverer, hold: Hold) -> Step:
         """Send the due head, verify it, or recover a dead worker's staging: one of them."""
-        got = await self.store.acquire(k, lockval, self.lease_ms, self.now_ms())
+        got, hold.next = hold.next, None
+        if got is None:
+            got = await self.store.acquire(k, hold.lockval, self.lease_ms, self.now_ms())
         if got.kind is Acquire.BUSY:
             return Step.BUSY
         if not got.holds_lock:
             return Step.NONE
         if got.kind is Acquire.STAGED:
-            await self.requeue_staged(k, lockval, got.entries)
+            await self._forget_ran(k, hold)
+            await self.requeue_staged(k, hold.lockval, got.entries)
             reached(CrashPoint.AFTER_REQUEUE)
             return Step.ACTED
         reached(CrashPoint.AFTER_ACQUIRE)
         raw = got.entries[0]
         entry = decode_entry(raw)
         if entry.status is Status.PENDING:
-            await self._send(k, lockval, raw, entry, deliverer)
+            await self._send(k, hold, raw, entry, deliverer)
         else:
-            await self._verify(k, lockval, raw, entry)
+            await self._forget_ran(k, hold)
+            await self._verify(k, hold, raw, entry)
         return Step.ACTED
 
     async def _send(
-        self, k: SessionKeys, lockval: str, raw: str, entry: Entry, deliverer: Deliverer
+        self, k: SessionKeys, hold: Hold, raw: str, entry: Entry, deliverer: Deliverer
     ) -> None:
+        lockval = hold.lockval
         staged = machine.staged(entry, self.clock())
         staged_raw = staged.to_json()
-        if await self.store.stage(k, lockval, raw, staged_raw) is not Write.OK:
+        ran, hold.ran = hold.ran, ""
+        try:
+            member = notice_member(k.ses, ran) if ran else ""
+            wrote = await self.store.stage(k, lockval, raw, staged_raw, member)
+        except TRANSIENT_ERRORS:
+            hold.ran = ran  # the drain's end forgets it alone (retried: the hook must not rerun)
+            raise
+        if wrote is not Write.OK:
             return
         reached(CrashPoint.AFTER_STAGE)
         await self._fire(self.wiring.on_staged, "on_staged", k, staged)
@@ -127,7 +155,7 @@ class Engine:
         outcome = machine.classify(failure)
         self.metrics.attempts.labels(outcome=outcome.value).inc()
         if failure is None:
-            await self.claim(k, lockval, staged, "send")
+            await self.claim(k, lockval, staged, "send", hold)
             return
         new = machine.after_send_failure(
             staged, failure, self.clock(), self.tunables, verifier=self.wiring.verifier is not None
@@ -149,7 +177,8 @@ class Engine:
         )
         reached(CrashPoint.AFTER_RESTORE)
 
-    async def _verify(self, k: SessionKeys, lockval: str, raw: str, entry: Entry) -> None:
+    async def _verify(self, k: SessionKeys, hold: Hold, raw: str, entry: Entry) -> None:
+        lockval = hold.lockval
         verifier = self.wiring.verifier
         if verifier is None:
             self.metrics.failed.inc()
@@ -165,7 +194,7 @@ class Engine:
         reached(CrashPoint.AFTER_VERIFY)
         self.metrics.verified.labels(verdict=verdict.name.lower()).inc()
         if verdict is Verdict.DELIVERED:
-            await self.claim(k, lockval, entry, "verify")
+            await self.claim(k, lockval, entry, "verify", hold)
             return
         if verdict is Verdict.ABSENT:
             new = machine.after_absent(entry, self.clock(), self.tunables)
@@ -182,34 +211,52 @@ class Engine:
 
     # -- writes after a send (fenced by the lease token, retried through an outage) ---------
 
-    async def claim(self, k: SessionKeys, lockval: str, entry: Entry, via: str) -> bool:
+    async def claim(
+        self, k: SessionKeys, lockval: str, entry: Entry, via: str, hold: Hold | None = None
+    ) -> bool:
         """Complete the entry; True (and OnDelivered fired) if this call claimed it. With a
-        hook wired, the claim also records the OnDelivered call it owes (see ``notify``)."""
+        hook wired, the claim also records the OnDelivered call it owes (see ``notify``).
+        Within a drain (``hold``) that takes another step, the claim also answers that step."""
         grace_ms = round(self.tunables.hook_retry_after * 1000) if self.wiring.on_delivered else 0
+        next_ms = self.lease_ms if hold is not None and hold.want_next else 0
         raw = entry.to_json()
-        claim = await self._bookkeep(
+        claimed = await self._bookkeep(
             "complete",
-            lambda: self.store.complete(k, raw, entry.id, lockval, self.now_ms(), grace_ms),
+            lambda: self.store.complete(
+                k, raw, entry.id, lockval, self.now_ms(), grace_ms, next_ms
+            ),
         )
-        if claim is not Claim.CLAIMED:
+        if claimed is None or claimed.claim is not Claim.CLAIMED:
             return False
+        if hold is not None:
+            hold.next = claimed.next
         reached(CrashPoint.AFTER_COMPLETE)
         self.metrics.delivered.labels(via=via).inc()
         waited = (self.clock() - entry.accepted_at).total_seconds()
         self.metrics.accept_to_delivered_seconds.observe(max(0.0, waited))
-        await self.notify(k, entry)
+        await self.notify(k, entry, hold)
         return True
 
-    async def notify(self, k: SessionKeys, entry: Entry) -> None:
-        """Fire OnDelivered for a claimed entry, then clear the record of the call owed. A
-        worker killed in between leaves the record: another fires the hook again after
-        ``hook_retry_after`` (at-least-once; twice only if killed after the hook ran)."""
+    async def notify(self, k: SessionKeys, entry: Entry, hold: Hold | None = None) -> None:
+        """Fire OnDelivered for a claimed entry, then clear the record of the call owed
+        (within a drain, by its next stage, or at its end). A worker killed in between leaves
+        the record: another fires the hook again after ``hook_retry_after`` (at-least-once;
+        twice only if killed after the hook ran)."""
         hook = self.wiring.on_delivered
         if hook is None:
             return
         await self._fire(hook, "on_delivered", k, entry)
         reached(CrashPoint.AFTER_HOOK)
+        if hold is not None:
+            hold.ran = entry.id
+            return
         await self._bookkeep("notified", lambda: self.store.notified(k.workspace, k.ses, entry.id))
+
+    async def _forget_ran(self, k: SessionKeys, hold: Hold) -> None:
+        """Forget the drain's OnDelivered call that ran, alone: no stage comes to carry it."""
+        ran, hold.ran = hold.ran, ""
+        if ran:
+            await self._bookkeep("notified", lambda: self.store.notified(k.workspace, k.ses, ran))
 
     async def swap(self, k: SessionKeys, lockval: str, old: str, new: Entry) -> int:
         """Replace the exact string ``old`` by ``new``; 1 if it landed, 0 otherwise."""

@@ -113,6 +113,15 @@ class Claim(enum.Enum):
     GONE = "gone"  # claimed by someone else, or dismissed
 
 
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """complete.lua's answer: the claim, and the caller's next step when it asked for one
+    (only with CLAIMED; None otherwise)."""
+
+    claim: Claim
+    next: Acquired | None = None
+
+
 class Requeue(enum.Enum):
     """requeue.lua."""
 

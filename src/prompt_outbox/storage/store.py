@@ -27,6 +27,7 @@ from .replies import (
     Acquire,
     Acquired,
     Claim,
+    Claimed,
     Counted,
     Forgot,
     Held,
@@ -58,6 +59,11 @@ The API answers these with 503; a client sends again (same clientMessageID)."""
 
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (*UNAVAILABLE, OSError)
 """What is worth retrying for (bookkeeping, the run loop): UNAVAILABLE, or the socket under it."""
+
+
+def notice_member(ses: str, entry_id: str) -> str:
+    """How an owed OnDelivered call is named in the workspace's notice HASH and ZSET."""
+    return f"{ses}:{entry_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +199,10 @@ class Store:
         holder's WAIT / IDLE lets its lock go: the due index is marked if that moved the
         workspace's work earlier."""
         args = [k.ses, lockval, lease_ms, now_ms]
-        kind, rest = parse(Acquire, await self._run("acquire", k.script_keys(), args))
+        return await self._acquired(k, await self._run("acquire", k.script_keys(), args))
+
+    async def _acquired(self, k: SessionKeys, reply: Any) -> Acquired:
+        kind, rest = parse(Acquire, reply)
         if kind in (Acquire.WAIT, Acquire.IDLE):
             lowered = lowered_ms(rest[0])
             if lowered is not None:
@@ -201,21 +210,38 @@ class Store:
             return Acquired(kind, [])
         return Acquired(kind, [text(x) for x in rest])
 
-    async def stage(self, k: SessionKeys, lockval: str, original: str, staged: str) -> Write:
-        """Copy the head into staging, then take it off the queue (stage.lua)."""
-        args = [lockval, original, staged]
-        return parse(Write, await self._run("stage", k.script_keys(), args))[0]
+    async def stage(
+        self, k: SessionKeys, lockval: str, original: str, staged: str, ran: str = ""
+    ) -> Write:
+        """Copy the head into staging, then take it off the queue (stage.lua). ``ran``: the
+        ``notice_member`` of an owed OnDelivered call that has run, forgotten in the same
+        call (whatever the stage's outcome)."""
+        w = k.workspace
+        keys = [*k.script_keys(), w.notices, w.notices_due]
+        return parse(Write, await self._run("stage", keys, [lockval, original, staged, ran]))[0]
 
     async def complete(
-        self, k: SessionKeys, entry: str, entry_id: str, lockval: str, now_ms: int, grace_ms: int
-    ) -> Claim:
+        self,
+        k: SessionKeys,
+        entry: str,
+        entry_id: str,
+        lockval: str,
+        now_ms: int,
+        grace_ms: int,
+        next_lease_ms: int = 0,
+    ) -> Claimed:
         """The cross-list claim (complete.lua). CLAIMED: this caller fires OnDelivered. With
         ``grace_ms`` > 0 the claim records the OnDelivered call it owes (``entry`` is what
-        the hook gets), for another worker to make if this one dies first."""
+        the hook gets), for another worker to make if this one dies first. With
+        ``next_lease_ms`` > 0 a claim also answers the caller's next step, as ``acquire``
+        would (the lock re-leased for that long, or let go)."""
         w = k.workspace
         keys = [*k.script_keys(), k.claim(entry_id), w.notices, w.notices_due]
         args = [k.ses, entry_id, lockval, now_ms, _CLAIM_MARKER_TTL_MS, entry, grace_ms]
-        return parse(Claim, await self._run("complete", keys, args))[0]
+        claim, rest = parse(Claim, await self._run("complete", keys, [*args, next_lease_ms]))
+        if claim is Claim.CLAIMED and rest:
+            return Claimed(claim, await self._acquired(k, rest))
+        return Claimed(claim)
 
     async def restore(
         self, k: SessionKeys, lockval: str, staged: str, new: str, now_ms: int
@@ -270,7 +296,8 @@ class Store:
 
     async def notified(self, w: WorkspaceKeys, ses: str, entry_id: str) -> bool:
         """The owed OnDelivered call ran: forget it (notified.lua)."""
-        return await self._ok(Forgot, "notified", [w.notices, w.notices_due], [f"{ses}:{entry_id}"])
+        keys, member = [w.notices, w.notices_due], notice_member(ses, entry_id)
+        return await self._ok(Forgot, "notified", keys, [member])
 
     async def take_notices(
         self, w: WorkspaceKeys, now_ms: int, grace_ms: int, limit: int

@@ -25,19 +25,4 @@ if other then
   refresh_head(KEYS, ses, now)
   return {'busy'}
 end
-local staged = redis.call('LRANGE', KEYS[D], 0, -1)
-if #staged > 0 then
-  take_lock(KEYS, ses, lockval, lease, now)
-  table.insert(staged, 1, 'staged')
-  return staged
-end
-local raw, due = find_head(KEYS[Q])
-if raw and due <= now then
-  take_lock(KEYS, ses, lockval, lease, now)
-  return {'head', raw}
-end
-local before = ready_of(KEYS, ses)
-if cur then redis.call('DEL', KEYS[L]) end
-refresh_head(KEYS, ses, now)
-if raw then return {'wait', lowered(KEYS, ses, before)} end
-return {'idle', lowered(KEYS, ses, before)}
+return next_step(KEYS, ses, lockval, lease, now, cur)

@@ -23,9 +23,14 @@
     ARGV[5]    claim marker TTL, ms
     ARGV[6]    the entry JSON the hook gets
     ARGV[7]    grace, ms (0: no hook wired, record nothing)
+    ARGV[8]    lease, ms, for the caller's next step (0: the caller takes no next step)
 
   Output:
     {'ok'}     this caller claimed it (now, or in an earlier call whose reply was lost)
+    {'ok', ...} the same, and (ARGV[8] > 0, the caller holding the lock) its next step in the
+               same call: acquire.lua's reply without 'busy' ('staged' / 'head' with the lock
+               re-leased, 'wait' / 'idle' with it released): BullMQ's moveToFinished, which
+               fetches the next job, saves the worker an acquire per entry
     {'busy'}   another holder owns the session; nothing written
     {'lost'}   nobody holds the session (the caller's lease lapsed); nothing written
     {'gone'}   no copy was left and the claim is not this caller's
@@ -33,7 +38,7 @@
   Events: sent (only when a copy was removed).
 ]]
 local ses, id, lockval, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local entry, grace = ARGV[6], tonumber(ARGV[7])
+local entry, grace, lease = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local mine = redis.call('GET', KEYS[8]) == lockval
 local refused = fence(KEYS, lockval)
 if refused then
@@ -57,5 +62,10 @@ if removed > 0 then
   emit(KEYS, 'sent', id, '')
 end
 if error_d or error_q then refresh(KEYS, ses, now) else refresh_head(KEYS, ses, now) end
-if removed > 0 or mine then return {'ok'} end
-return {'gone'}
+if removed == 0 and not mine then return {'gone'} end
+if lease > 0 then
+  local reply = next_step(KEYS, ses, lockval, lease, now, lockval)
+  table.insert(reply, 1, 'ok')
+  return reply
+end
+return {'ok'}

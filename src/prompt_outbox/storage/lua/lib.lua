@@ -246,3 +246,25 @@ local function refresh_head(K, ses, now)
   local _, due = find_head(K[Q])
   index(K, ses, now, due)
 end
+
+-- What the session needs now, for a caller that holds its lock or found it free (acquire.lua,
+-- and complete.lua when the completer asks for its next step in the same call): the reply
+-- acquire.lua documents, without 'busy'. cur: the lock's value as read (nil when free).
+local function next_step(K, ses, lockval, lease, now, cur)
+  local staged = redis.call('LRANGE', K[D], 0, -1)
+  if #staged > 0 then
+    take_lock(K, ses, lockval, lease, now)
+    table.insert(staged, 1, 'staged')
+    return staged
+  end
+  local raw, due = find_head(K[Q])
+  if raw and due <= now then
+    take_lock(K, ses, lockval, lease, now)
+    return {'head', raw}
+  end
+  local before = ready_of(K, ses)
+  if cur then redis.call('DEL', K[L]) end
+  refresh_head(K, ses, now)
+  if raw then return {'wait', lowered(K, ses, before)} end
+  return {'idle', lowered(K, ses, before)}
+end
