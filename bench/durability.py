@@ -30,6 +30,7 @@ from pathlib import Path
 import valkey.asyncio as valkey_async
 from tests.replication import Fsync, ReplicatedPair
 
+from bench.output import publish
 from prompt_outbox import DurabilityLevel, Outbox, Tunables
 from prompt_outbox.embedded import EmbeddedValkey
 
@@ -141,9 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.monotonic()
     report = asyncio.run(run(args.seconds))
-    if args.out:
-        with args.out.open("a") as out:
-            out.write("\n" + report.markdown())
+    publish(report.markdown(), args.out)
     print(f"({time.monotonic() - started:.0f} s)")
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import valkey.asyncio as valkey_async
 
+from bench.output import publish
 from prompt_outbox import Entry, Outbox, Tunables
 from prompt_outbox.embedded import EmbeddedValkey
 
@@ -122,10 +123,7 @@ def main() -> None:
     started = time.monotonic()
     lengths = [int(n) for n in args.lengths.split(",")]
     report = asyncio.run(run(lengths, args.rounds))
-    print(report.markdown())
-    if args.out:
-        with args.out.open("a") as out:
-            out.write("\n" + report.markdown())
+    publish(report.markdown(), args.out)
     print(f"({time.monotonic() - started:.0f} s)")
 
 

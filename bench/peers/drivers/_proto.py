@@ -175,3 +175,12 @@ async def handle(tracker: Tracker, session: int, number: int) -> None:
 
 def emit(phase: str, **fields: Any) -> None:
     print(RESULT_PREFIX + json.dumps({"phase": phase, **fields}), flush=True)
+
+
+Phase = Callable[["Args"], Awaitable[None]]
+
+
+def main(enqueue: Phase, work: Phase) -> None:
+    """A driver's entry point: its mode from the command line, run to the end."""
+    args = parse_args()
+    asyncio.run(enqueue(args) if args.mode == "enqueue" else work(args))

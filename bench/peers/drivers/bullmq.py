@@ -8,7 +8,6 @@ each Queue / Worker talks over its own single connection (plus the worker's bloc
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,10 +47,5 @@ async def work(args: _proto.Args) -> None:
     await worker.close()
 
 
-def main() -> None:
-    args = _proto.parse_args()
-    asyncio.run(enqueue(args) if args.mode == "enqueue" else work(args))
-
-
 if __name__ == "__main__":
-    main()
+    _proto.main(enqueue, work)

@@ -6,7 +6,6 @@ is OnDelivered (``set_on_delivered``), which fires after the claim is written.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import sys
 from pathlib import Path
@@ -69,10 +68,5 @@ async def work(args: _proto.Args) -> None:
         await client.aclose()
 
 
-def main() -> None:
-    args = _proto.parse_args()
-    asyncio.run(enqueue(args) if args.mode == "enqueue" else work(args))
-
-
 if __name__ == "__main__":
-    main()
+    _proto.main(enqueue, work)

@@ -60,10 +60,5 @@ async def work(args: _proto.Args) -> None:
     await queue.disconnect()
 
 
-def main() -> None:
-    args = _proto.parse_args()
-    asyncio.run(enqueue(args) if args.mode == "enqueue" else work(args))
-
-
 if __name__ == "__main__":
-    main()
+    _proto.main(enqueue, work)
