@@ -140,8 +140,8 @@ class Engine:
         try:
             member = notice_member(k.ses, ran) if ran else ""
             wrote = await self.store.stage(k, lockval, raw, staged_raw, member)
-        except TRANSIENT_ERRORS:
-            hold.ran = ran  # the drain's end forgets it alone (retried: the hook must not rerun)
+        except BaseException:  # an outage, a cancel: the drain's end forgets it alone (retried)
+            hold.ran = ran
             raise
         if wrote is not Write.OK:
             return

@@ -5,6 +5,8 @@ standalone server's, as valkey-py reads it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from valkey.asyncio import Connection, SSLConnection, Valkey
@@ -80,20 +82,12 @@ class _Connection(Connection):
     """
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        try:
+        with _closed_is_unavailable(self):
             await super().send_packed_command(command, check_health)
-        except AttributeError as err:
-            if self.is_connected:  # on an open connection, a bug: it stays one
-                raise
-            raise _closed(err) from err
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with _closed_is_unavailable(self):
             return await super().read_response(*args, **kwargs)
-        except AttributeError as err:
-            if self.is_connected:  # on an open connection, a bug: it stays one
-                raise
-            raise _closed(err) from err
 
 
 class _SSLConnection(SSLConnection, _Connection):
@@ -106,8 +100,14 @@ _SAFE_CONNECTIONS: dict[type[Connection], type[Connection]] = {
 }
 
 
-def _closed(err: AttributeError) -> ValkeyConnectionError:
-    return ValkeyConnectionError(f"the connection closed under the command ({err})")
+@contextlib.contextmanager
+def _closed_is_unavailable(connection: Connection) -> Iterator[None]:
+    try:
+        yield
+    except AttributeError as err:
+        if connection.is_connected:  # on an open connection, a bug: it stays one
+            raise
+        raise ValkeyConnectionError(f"the connection closed under the command ({err})") from err
 
 
 def _fix_cluster(cluster: ValkeyCluster) -> None:
