@@ -69,7 +69,10 @@ async def test_a_slot_moves_mid_delivery_and_nothing_is_lost_twice_or_reordered(
     try:
         async with outbox.running(deliver, tick=0.05):
             clients = asyncio.gather(*(client_of(f"s{n}") for n in range(SESSIONS)))
-            await asyncio.sleep(0.3)  # traffic first, then the move under it
+            # Traffic first, then the move under it: a first accept waits for the durability
+            # check (a probe and the script loads on every primary), longer than a fixed
+            # pause on a busy machine, and a slot with no keys yet moves nothing.
+            await eventually(lambda: holds(len(accepted) == SESSIONS), within=30)
             moved = await asyncio.to_thread(migrate_slot, valkey_cluster.ports, slot, target, 0.01)
             await clients
             total = SESSIONS * PER_SESSION
