@@ -61,8 +61,15 @@ if removed > 0 then
   end
   emit(KEYS, 'sent', id, '')
 end
-if error_d or error_q then refresh(KEYS, ses, now) else refresh_head(KEYS, ses, now) end
-if removed == 0 and not mine then return {'gone'} end
+local claimed = removed > 0 or mine
+if error_d or error_q then
+  refresh(KEYS, ses, now)
+elseif lease == 0 or not claimed then
+  -- (With a next step, next_step() keeps the indexes: 'staged' / 'head' leave the session
+  -- holding entries and move the ready score to the new lease; 'wait' / 'idle' refresh.)
+  refresh_head(KEYS, ses, now)
+end
+if not claimed then return {'gone'} end
 if lease > 0 then
   local reply = next_step(KEYS, ses, lockval, lease, now, lockval)
   table.insert(reply, 1, 'ok')

@@ -96,26 +96,24 @@ local function walk(queue, visit)
   end
 end
 
--- The first blocking entry of the queue: raw string, due time (ms) and 0-based index, or nil.
+-- The first blocking entry of the queue: raw string and due time (ms), or nil.
 local function find_head(queue)
-  local head, due, at
-  walk(queue, function(raw, e, i)
-    if e and blocking(e.status) then
-      head, due, at = raw, parse_ms(e.nextAttemptAt), i
-      return true
-    end
-    return false
+  local head, due
+  walk(queue, function(raw, e, _)
+    if e and blocking(e.status) then head, due = raw, parse_ms(e.nextAttemptAt) end
+    return head ~= nil
   end)
-  return head, due, at
+  return head, due
 end
 
 -- 0-based index of the entry with this id in a list, or nil.
 local function index_of_id(list, id)
-  for i, raw in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    local e = decode(raw)
-    if e and e.id == id then return i - 1 end
-  end
-  return nil
+  local at
+  walk(list, function(_, e, i)
+    if e and e.id == id then at = i end
+    return at ~= nil
+  end)
+  return at
 end
 
 -- Remove every copy of the entry with this id from a list, or (head_only) from the queue's
