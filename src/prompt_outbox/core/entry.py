@@ -142,15 +142,19 @@ def raw_object_fields(raw: str) -> dict[str, tuple[Any, str]]:
 
 
 def decode_entry(raw: str) -> Entry:
+    # json.loads first (in C; this runs once per delivered prompt); the raw split only for
+    # a model, whose bytes json.loads would not keep.
     try:
-        fields = raw_object_fields(raw)
+        fields = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise EntryDecodeError(f"entry is not valid JSON: {exc}") from exc
+    if not isinstance(fields, dict):
+        raise EntryDecodeError("an entry must be a JSON object")
 
     def get(name: str, kind: type, default: Any) -> Any:
-        if name not in fields or fields[name][0] is None:
+        value = fields.get(name)
+        if value is None:
             return default
-        value = fields[name][0]
         if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
             raise EntryDecodeError(f"entry field {name!r} must be {kind.__name__}")
         return value
@@ -174,8 +178,7 @@ def decode_entry(raw: str) -> Entry:
         status = Status(get("status", str, Status.PENDING))
     except ValueError as exc:
         raise EntryDecodeError(f"entry has an unknown status: {exc}") from exc
-    model_field = fields.get("model")
-    model = None if model_field is None or model_field[0] is None else model_field[1]
+    model = None if fields.get("model") is None else raw_object_fields(raw)["model"][1]
     return Entry(
         id=entry_id,
         client_message_id=get("clientMessageID", str, ""),

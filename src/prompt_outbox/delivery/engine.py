@@ -155,7 +155,7 @@ class Engine:
         outcome = machine.classify(failure)
         self.metrics.attempts.labels(outcome=outcome.value).inc()
         if failure is None:
-            await self.claim(k, lockval, staged, "send", hold)
+            await self.claim(k, lockval, staged, "send", hold, raw=staged_raw)
             return
         new = machine.after_send_failure(
             staged, failure, self.clock(), self.tunables, verifier=self.wiring.verifier is not None
@@ -194,7 +194,7 @@ class Engine:
         reached(CrashPoint.AFTER_VERIFY)
         self.metrics.verified.labels(verdict=verdict.name.lower()).inc()
         if verdict is Verdict.DELIVERED:
-            await self.claim(k, lockval, entry, "verify", hold)
+            await self.claim(k, lockval, entry, "verify", hold, raw=raw)
             return
         if verdict is Verdict.ABSENT:
             new = machine.after_absent(entry, self.clock(), self.tunables)
@@ -212,14 +212,23 @@ class Engine:
     # -- writes after a send (fenced by the lease token, retried through an outage) ---------
 
     async def claim(
-        self, k: SessionKeys, lockval: str, entry: Entry, via: str, hold: Hold | None = None
+        self,
+        k: SessionKeys,
+        lockval: str,
+        entry: Entry,
+        via: str,
+        hold: Hold | None = None,
+        *,
+        raw: str | None = None,
     ) -> bool:
         """Complete the entry; True (and OnDelivered fired) if this call claimed it. With a
         hook wired, the claim also records the OnDelivered call it owes (see ``notify``).
-        Within a drain (``hold``) that takes another step, the claim also answers that step."""
+        Within a drain (``hold``) that takes another step, the claim also answers that step.
+        ``raw``: the entry's stored JSON, when the caller has it (else it is encoded)."""
         grace_ms = round(self.tunables.hook_retry_after * 1000) if self.wiring.on_delivered else 0
         next_ms = self.lease_ms if hold is not None and hold.want_next else 0
-        raw = entry.to_json()
+        if raw is None:
+            raw = entry.to_json()
         claimed = await self._bookkeep(
             "complete",
             lambda: self.store.complete(

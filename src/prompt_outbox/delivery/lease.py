@@ -47,29 +47,41 @@ async def kept(
     """Renew the lease (to ``lease_ms``) every ``every`` seconds while the body runs, for at
     most ``ceiling`` seconds in all (``lock_ttl``: the hard bound on one hold).
 
-    The keeper is stopped by a flag, never by cancellation: valkey-py 6.2 can swallow a
-    CancelledError that lands inside a command, and a keeper that missed its cancel went on
-    renewing for lock_ttl, freezing the session (tests/test_lease.py)."""
-    stop = asyncio.Event()
+    A timer, not a task per delivery: most deliveries end long before the first renewal,
+    and then the lease costs one timer handle. A renewal that started runs to its end: it is
+    never cancelled (valkey-py 6.2 can swallow a CancelledError that lands inside a command,
+    and a keeper that missed its cancel went on renewing for lock_ttl, freezing the session:
+    tests/test_lease.py); the exit waits for it, and no timer follows it."""
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    timer: asyncio.TimerHandle | None = None
+    renewing: asyncio.Task[None] | None = None
+    stopped = False
 
-    async def keeper() -> None:
-        started = time.monotonic()
-        while time.monotonic() - started < ceiling:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(every):
-                    await stop.wait()
-            if stop.is_set():
+    def schedule() -> None:
+        nonlocal timer
+        if not stopped and time.monotonic() - started < ceiling:
+            timer = loop.call_later(every, start_renewal)
+
+    def start_renewal() -> None:
+        nonlocal renewing
+        renewing = asyncio.create_task(renew())
+
+    async def renew() -> None:
+        try:
+            if not await store.renew(k, lockval, lease_ms, now_ms()):
+                log.warning("lease lost mid-delivery", extra={"ws": k.ws, "ses": k.ses})
                 return
-            try:
-                if not await store.renew(k, lockval, lease_ms, now_ms()):
-                    log.warning("lease lost mid-delivery", extra={"ws": k.ws, "ses": k.ses})
-                    return
-            except TRANSIENT_ERRORS as exc:
-                log.warning("lease renewal failed: %s", exc, extra={"ws": k.ws, "ses": k.ses})
+        except TRANSIENT_ERRORS as exc:
+            log.warning("lease renewal failed: %s", exc, extra={"ws": k.ws, "ses": k.ses})
+        schedule()
 
-    task = asyncio.create_task(keeper())
+    schedule()
     try:
         yield
     finally:
-        stop.set()
-        await asyncio.shield(task)  # at most one renew call to finish
+        stopped = True
+        if timer is not None:
+            timer.cancel()
+        if renewing is not None:
+            await asyncio.shield(renewing)  # at most one renew call to finish
