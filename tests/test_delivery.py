@@ -20,7 +20,7 @@ from prompt_outbox import (
 )
 from prompt_outbox.core.keys import session_keys
 from prompt_outbox.storage.replies import Acquire, Claim, Lock, Replace, ReplyError, parse
-from prompt_outbox.storage.store import Store
+from prompt_outbox.storage.store import Store, notice_member
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied
 from tests.conftest import FAST, ManualClock, eventually, holds
 
@@ -348,7 +348,7 @@ async def test_an_owed_hook_is_taken_by_one_worker_at_a_time(client: valkey_asyn
     assert await store.take_notices(w, 1000, 5000, 10) == [("s1", "e1", '{"id":"e1"}')]
     assert await store.take_notices(w, 1001, 5000, 10) == []  # taken until 6000
     assert await store.take_notices(w, 6000, 5000, 10) == [("s1", "e1", '{"id":"e1"}')]
-    assert await store.notified(w, "s1", "e1")
+    assert await store.notified(w, [notice_member("s1", "e1")])
     assert await store.take_notices(w, 99_999, 5000, 10) == []
 
 

@@ -26,6 +26,7 @@ from ..core.settings import Tunables
 from ..core.timeutil import Clock, to_ms
 from ..storage.replies import Acquire, Acquired, Claim, Replace, Write
 from ..storage.store import TRANSIENT_ERRORS, Store, notice_member
+from .forgets import Forgets
 from .lease import kept, new_lock_value
 from .tasks import never
 
@@ -65,6 +66,7 @@ class Engine:
         self.clock = clock
         self.metrics = metrics
         self.wiring = wiring
+        self.forgets = Forgets(store, self._bookkeep)
 
     def now_ms(self) -> int:
         return to_ms(self.clock())
@@ -259,13 +261,13 @@ class Engine:
         if hold is not None:
             hold.ran = entry.id
             return
-        await self._bookkeep("notified", lambda: self.store.notified(k.workspace, k.ses, entry.id))
+        await self.forgets.forget(k.workspace, notice_member(k.ses, entry.id))
 
     async def _forget_ran(self, k: SessionKeys, hold: Hold) -> None:
         """Forget the drain's OnDelivered call that ran, alone: no stage comes to carry it."""
         ran, hold.ran = hold.ran, ""
         if ran:
-            await self._bookkeep("notified", lambda: self.store.notified(k.workspace, k.ses, ran))
+            await self.forgets.forget(k.workspace, notice_member(k.ses, ran))
 
     async def swap(self, k: SessionKeys, lockval: str, old: str, new: Entry) -> int:
         """Replace the exact string ``old`` by ``new``; 1 if it landed, 0 otherwise."""

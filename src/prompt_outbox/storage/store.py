@@ -294,10 +294,10 @@ class Store:
         await self.due.mark(k.ws, now_ms + lease_ms)
         return await self._ok(Lock, "lock", k.script_keys(), [k.ses, lockval, lease_ms, now_ms])
 
-    async def notified(self, w: WorkspaceKeys, ses: str, entry_id: str) -> bool:
-        """The owed OnDelivered call ran: forget it (notified.lua)."""
-        keys, member = [w.notices, w.notices_due], notice_member(ses, entry_id)
-        return await self._ok(Forgot, "notified", keys, [member])
+    async def notified(self, w: WorkspaceKeys, members: Sequence[str]) -> bool:
+        """Owed OnDelivered calls of one workspace ran (``notice_member`` each): forget them
+        all in one call (notified.lua). True if any record was there."""
+        return await self._ok(Forgot, "notified", [w.notices, w.notices_due], members)
 
     async def take_notices(
         self, w: WorkspaceKeys, now_ms: int, grace_ms: int, limit: int
