@@ -4,13 +4,23 @@ ratios within one run (docs/performance.md)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from bench import durability, transitions
-from bench.scale import Figures, run
+from bench.scale import LATENCY_TARGET, Figures, latency_verdict, percentile, run
+
+
+def test_percentile_is_the_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 301)]
+    assert percentile(values, 0.99) == 297.0  # the 4th largest of 300
+    assert percentile(values, 0.5) == 150.0
+    assert percentile([7.0], 0.99) == 7.0
 
 
 @pytest.mark.timeout(300)
-async def test_the_scale_benchmark_runs_end_to_end() -> None:
+async def test_the_scale_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     figures = await run(workspaces=40, stream_count=10, samples=3, figures=Figures(0.5, 1.0))
     rows = figures.rows
     assert set(rows) == {
@@ -27,6 +37,13 @@ async def test_the_scale_benchmark_runs_end_to_end() -> None:
     assert float(rows["idle run(), 10 workspaces: Valkey commands/s"]) > 0
     assert int(rows["serve with 10 open SSE streams: Valkey connections"].split()[0]) >= 1
     assert rows["accept -> delivery start, 10 workspaces"].startswith("p50 ")
+    small = figures.latencies[10]
+    assert small.samples == 3 and 0 < small.p50 <= small.p95 <= small.p99
+    results = tmp_path / "results.jsonl"
+    latency_verdict(figures, results)
+    [row] = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["target"] == LATENCY_TARGET and row["met"] in (True, False)
+    assert "p99 " in row["ours"] and "40 idle workspaces" in row["note"]
 
 
 @pytest.mark.timeout(300)
