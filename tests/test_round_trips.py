@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Any
 
 import valkey.asyncio as valkey_async
-from valkey.asyncio import Connection
+from bench.roundtrips import Counting, raw_rate, run_backlog
 
 from prompt_outbox import Entry, Outbox
 from prompt_outbox.embedded import EmbeddedValkey
@@ -22,17 +21,6 @@ PROMPTS = 50
 # reads), the drain's first acquire and its last OnDelivered record forgotten alone, and the
 # pass after the drain (measured: 16 in all).
 FIXED = 20
-
-
-class Counting(Connection):
-    """A connection that counts what it sends: one packed send is one round trip (a pipeline
-    is one send)."""
-
-    sent = 0
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        Counting.sent += 1
-        await super().send_packed_command(command, check_health)
 
 
 async def test_a_backlog_costs_three_round_trips_per_prompt_with_hooks_wired(
@@ -65,3 +53,13 @@ async def test_a_backlog_costs_three_round_trips_per_prompt_with_hooks_wired(
     assert accepts == PROMPTS  # one round trip per accept
     # 2 per prompt: a regression to an acquire or a notified per prompt (3 or 4) breaks it.
     assert total - accepts <= 2 * PROMPTS + FIXED, (total - accepts, PROMPTS)
+
+
+async def test_the_round_trip_benchmark_runs(valkey_server: EmbeddedValkey) -> None:
+    """bench/roundtrips.py's parts, tiny (the benchmark proper is ``make bench``)."""
+    assert await raw_rate(valkey_server.url, 2, 0.2) > 0
+    run = await run_backlog(valkey_server.url, sessions=2, per_session=3, concurrency=2)
+    # At least one round trip per accept and two per delivery; a new connection's handshake
+    # and the run loop's start come on top (the benchmark subtracts them between two sizes).
+    assert run.prompts == 6 and 6 <= run.accept_trips <= 6 + 4
+    assert 2 * 6 <= run.deliver_trips <= 2 * 6 + 2 * FIXED
