@@ -24,7 +24,7 @@ from pathlib import Path
 
 import valkey.asyncio as valkey_async
 
-from bench.output import publish
+from bench.output import publish, verdict
 from prompt_outbox import Entry, Outbox, Tunables
 from prompt_outbox.embedded import EmbeddedValkey
 
@@ -119,11 +119,23 @@ def main() -> None:
     parser.add_argument("--lengths", default="1,25,1000")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--out", type=Path, help="append the table here (markdown)")
+    parser.add_argument("--results", type=Path, help="append the target verdict (JSON lines)")
     args = parser.parse_args()
     started = time.monotonic()
     lengths = [int(n) for n in args.lengths.split(",")]
     report = asyncio.run(run(lengths, args.rounds))
     publish(report.markdown(), args.out)
+    first, last = report.rows[0], report.rows[-1]
+    ratio = last.usec_per_prompt / first.usec_per_prompt
+    verdict(
+        args.results,
+        target="Server time per transition against queue length",
+        bar=f"O(1): length {last.length} within 1.5x of length {first.length}",
+        ours=" / ".join(f"{r.usec_per_prompt:.0f}" for r in report.rows)
+        + f" µs per prompt at lengths {args.lengths} ({ratio:.2f}x)",
+        met=ratio <= 1.5,
+        note="before this issue: 19.6x at length 1 000",
+    )
     print(f"({time.monotonic() - started:.0f} s)")
 
 
