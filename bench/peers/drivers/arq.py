@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +26,21 @@ import _proto
 POLL_DELAY = 0.5
 
 
-async def enqueue(args: _proto.Args) -> None:
+@asynccontextmanager
+async def adding(args: _proto.Args) -> AsyncIterator[_proto.Add]:
     pool = await create_pool(RedisSettings.from_dsn(args.url), default_queue_name=_proto.QUEUE)
     try:
 
         async def add(session: int, number: int) -> None:
             await pool.enqueue_job(_proto.TASK, session, number)
 
-        await _proto.enqueue_all(args, add)
+        yield add
     finally:
         await pool.aclose()
 
 
-async def work(args: _proto.Args) -> None:
-    tracker = _proto.Tracker(args.jobs)
+@asynccontextmanager
+async def working(args: _proto.Args, tracker: _proto.Tracker) -> AsyncIterator[None]:
     ran: set[str] = set()
 
     async def noop(ctx: dict[str, Any], session: int, number: int) -> None:
@@ -58,12 +61,13 @@ async def work(args: _proto.Args) -> None:
         handle_signals=False,
     )
     running = asyncio.create_task(worker.async_run())
-    finished = await tracker.wait(args.timeout)
-    tracker.report(timed_out=not finished)
-    running.cancel()
-    await asyncio.gather(running, return_exceptions=True)
-    await worker.close()
+    try:
+        yield
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await worker.close()
 
 
 if __name__ == "__main__":
-    _proto.main(enqueue, work)
+    _proto.main(adding, working)

@@ -9,6 +9,8 @@ each Queue / Worker talks over its own single connection (plus the worker's bloc
 from __future__ import annotations
 
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +20,21 @@ sys.path.append(str(Path(__file__).resolve().parent))  # last: shadows no instal
 import _proto
 
 
-async def enqueue(args: _proto.Args) -> None:
+@asynccontextmanager
+async def adding(args: _proto.Args) -> AsyncIterator[_proto.Add]:
     queue = Queue(_proto.QUEUE, {"connection": args.url})
     try:
 
         async def add(session: int, number: int) -> None:
             await queue.add(_proto.TASK, {"session": session, "number": number})
 
-        await _proto.enqueue_all(args, add)
+        yield add
     finally:
         await queue.close()
 
 
-async def work(args: _proto.Args) -> None:
-    tracker = _proto.Tracker(args.jobs)
-
+@asynccontextmanager
+async def working(args: _proto.Args, tracker: _proto.Tracker) -> AsyncIterator[None]:
     async def noop(job: Job, token: str) -> None:
         await _proto.handle(tracker, job.data["session"], job.data["number"])
 
@@ -42,10 +44,11 @@ async def work(args: _proto.Args) -> None:
     # The worker starts its run loop as it is constructed (autorun): wire the hook at once.
     worker = Worker(_proto.QUEUE, noop, {"connection": args.url, "concurrency": args.concurrency})
     worker.on("completed", completed)
-    finished = await tracker.wait(args.timeout)
-    tracker.report(timed_out=not finished)
-    await worker.close()
+    try:
+        yield
+    finally:
+        await worker.close()
 
 
 if __name__ == "__main__":
-    _proto.main(enqueue, work)
+    _proto.main(adding, working)

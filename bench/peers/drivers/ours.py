@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import valkey.asyncio as valkey_async
@@ -30,43 +32,42 @@ def tunables(args: _proto.Args) -> Tunables:
     )
 
 
-async def enqueue(args: _proto.Args) -> None:
+@asynccontextmanager
+async def outbox_of(args: _proto.Args) -> AsyncIterator[Outbox]:
     client = valkey_async.Valkey.from_url(args.url)
     outbox = Outbox(client, tunables(args))
     try:
         await outbox.check_durability()
-
-        async def add(session: int, number: int) -> None:
-            name = _proto.session_name(session)
-            await outbox.accept(WORKSPACE, name, "bench", f"{name}-{number}", str(number))
-
-        await _proto.enqueue_all(args, add)
+        yield outbox
     finally:
         await outbox.aclose()
         await client.aclose()
 
 
-async def work(args: _proto.Args) -> None:
-    client = valkey_async.Valkey.from_url(args.url)
-    outbox = Outbox(client, tunables(args))
-    tracker = _proto.Tracker(args.jobs)
+@asynccontextmanager
+async def adding(args: _proto.Args) -> AsyncIterator[_proto.Add]:
+    async with outbox_of(args) as outbox:
 
+        async def add(session: int, number: int) -> None:
+            name = _proto.session_name(session)
+            await outbox.accept(WORKSPACE, name, "bench", f"{name}-{number}", str(number))
+
+        yield add
+
+
+@asynccontextmanager
+async def working(args: _proto.Args, tracker: _proto.Tracker) -> AsyncIterator[None]:
     async def deliver(ws: str, ses: str, entry: Entry) -> None:
         await _proto.handle(tracker, int(ses[1:]), int(entry.text))
 
     async def delivered(ws: str, ses: str, entry: Entry) -> None:
         tracker.completed()
 
-    outbox.set_on_delivered(delivered)
-    try:
-        await outbox.check_durability()
+    async with outbox_of(args) as outbox:
+        outbox.set_on_delivered(delivered)
         async with outbox.running(deliver):
-            finished = await tracker.wait(args.timeout)
-            tracker.report(timed_out=not finished)
-    finally:
-        await outbox.aclose()
-        await client.aclose()
+            yield
 
 
 if __name__ == "__main__":
-    _proto.main(enqueue, work)
+    _proto.main(adding, working)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ sys.path.append(str(Path(__file__).resolve().parent))  # last: shadows no instal
 import _proto
 
 
-async def enqueue(args: _proto.Args) -> None:
+@asynccontextmanager
+async def adding(args: _proto.Args) -> AsyncIterator[_proto.Add]:
     queue = Queue.from_url(args.url, name=_proto.QUEUE)
     await queue.connect()
     try:
@@ -28,15 +31,15 @@ async def enqueue(args: _proto.Args) -> None:
             # SAQ's default job key is a fresh uuid1: each job is new, as in the other drivers.
             await queue.enqueue(_proto.TASK, session=session, number=number)
 
-        await _proto.enqueue_all(args, add)
+        yield add
     finally:
         await queue.disconnect()
 
 
-async def work(args: _proto.Args) -> None:
+@asynccontextmanager
+async def working(args: _proto.Args, tracker: _proto.Tracker) -> AsyncIterator[None]:
     queue = Queue.from_url(args.url, name=_proto.QUEUE)
     await queue.connect()
-    tracker = _proto.Tracker(args.jobs)
 
     async def noop(ctx: dict[str, Any], *, session: int, number: int) -> None:
         await _proto.handle(tracker, session, number)
@@ -53,12 +56,13 @@ async def work(args: _proto.Args) -> None:
         after_process=after_process,
     )
     running = asyncio.create_task(worker.start())
-    finished = await tracker.wait(args.timeout)
-    tracker.report(timed_out=not finished)
-    await worker.stop()
-    await running
-    await queue.disconnect()
+    try:
+        yield
+    finally:
+        await worker.stop()
+        await running
+        await queue.disconnect()
 
 
 if __name__ == "__main__":
-    _proto.main(enqueue, work)
+    _proto.main(adding, working)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,9 @@ def worker_for(args: _proto.Args) -> HookedWorker:
     )
 
 
-async def enqueue(args: _proto.Args) -> None:
+@asynccontextmanager
+async def adding(args: _proto.Args) -> AsyncIterator[_proto.Add]:
+    # A Worker is also streaq's client: this one only enqueues (it never runs).
     worker = worker_for(args)
 
     @worker.task(name=_proto.TASK)
@@ -55,12 +59,12 @@ async def enqueue(args: _proto.Args) -> None:
         async def add(session: int, number: int) -> None:
             await noop.enqueue(session, number)
 
-        await _proto.enqueue_all(args, add)
+        yield add
 
 
-async def work(args: _proto.Args) -> None:
+@asynccontextmanager
+async def working(args: _proto.Args, tracker: _proto.Tracker) -> AsyncIterator[None]:
     worker = worker_for(args)
-    tracker = _proto.Tracker(args.jobs)
     worker.tracker = tracker
 
     @worker.task(name=_proto.TASK)
@@ -68,11 +72,12 @@ async def work(args: _proto.Args) -> None:
         await _proto.handle(tracker, session, number)
 
     running = asyncio.create_task(worker.run_async())
-    finished = await tracker.wait(args.timeout)
-    tracker.report(timed_out=not finished)
-    running.cancel()
-    await asyncio.gather(running, return_exceptions=True)
+    try:
+        yield
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
 
 
 if __name__ == "__main__":
-    _proto.main(enqueue, work)
+    _proto.main(adding, working)
