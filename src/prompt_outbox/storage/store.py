@@ -1,8 +1,8 @@
 """The only module that talks to Valkey: one method per Lua transition, plus index reads.
 
-Every session transition is one EVALSHA (valkey-py's Script objects reload on NOSCRIPT, which
-a restarted server answers since its script cache is not persisted). Each reply becomes a
-typed value from ``replies``; nothing above this module sees a raw reply.
+Every session transition is one EVALSHA, reloaded on NOSCRIPT (a restarted server's script
+cache is empty), and auto-pipelined on a standalone server (autopipe.py). Each reply becomes
+a typed value from ``replies``; nothing above this module sees a raw reply.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from ..core.keys import SessionKeys, WorkspaceKeys
 from . import replies, waitaof
+from .autopipe import AutoPipeline
 from .client import Client
 from .dueindex import DueIndex, ScriptCall
 from .replies import (
@@ -97,16 +98,17 @@ class Store:
             for name, src in sources(event_log_len, event_log_ttl_ms).items()
         }
         self.due = DueIndex(client, self._scripts)
+        self._pipe = None
+        if not isinstance(client, ValkeyCluster):
+            self._pipe = AutoPipeline(client, self.load_scripts)
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[name](keys=list(keys), args=list(args))
+        if self._pipe is None:  # a cluster: alone (autopipe.py)
+            return await self._scripts[name](keys=list(keys), args=list(args))
+        return await self._pipe.call(self._scripts[name], keys, args)
 
     async def _ok(
-        self,
-        kind: type[Held | Lock | Forgot],
-        name: str,
-        keys: Sequence[str],
-        args: Sequence[Any],
+        self, kind: type[Held | Lock | Forgot], name: str, keys: list[str], args: Sequence[Any]
     ) -> bool:
         """A yes / no script: True for its OK word (any word its enum lacks raises)."""
         word, _ = parse(kind, await self._run(name, keys, args))
