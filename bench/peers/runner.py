@@ -1,5 +1,7 @@
 """One system at one size: its enqueue phase, then its work phase, each a process of the
-system's own venv, with the server's command counts taken around each."""
+system's own venv, with the server's command counts taken around each. Also the memory
+phase (the server's memory per queued job, and the worker's RSS working them off) and the
+latency phase (a trickle of jobs into an idle worker)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.peers.server import Commands, Server
+from bench.peers.server import Commands, KeyKind, Memory, Server
 from bench.peers.systems import System
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +38,29 @@ class Outcome:
     work: dict[str, Any]
     enqueue_commands: Commands
     work_commands: Commands
+
+
+@dataclass(frozen=True)
+class MemoryOutcome:
+    """The memory phase: the server's memory on a wiped server, with every job queued, and
+    once all are done; the keys by kind at both moments; the work phase's result line (its
+    RSS figures); the RSS of a process that only imported the driver."""
+
+    empty: Memory
+    queued: Memory
+    done: Memory
+    keys: dict[str, KeyKind]
+    done_keys: dict[str, KeyKind]
+    work: dict[str, Any]
+    imports_rss_kb: int
+
+
+@dataclass(frozen=True)
+class LatencyOutcome:
+    """The latency phase: each job's add -> handler start (ms), and the idle worker's RSS."""
+
+    waits_ms: list[float]
+    idle_rss_kb: int
 
 
 def _result(stdout: str) -> dict[str, Any] | None:
@@ -85,3 +110,32 @@ def run_system(
     enqueue, enqueue_commands = run_phase(python, system, "enqueue", server, size, durability)
     work, work_commands = run_phase(python, system, "work", server, size, durability)
     return Outcome(enqueue, work, enqueue_commands, work_commands)
+
+
+def run_memory(
+    python: Path, system: System, server: Server, size: Size, durability: str
+) -> MemoryOutcome:
+    """On a wiped server: INFO memory, enqueue every job, INFO memory and every key's MEMORY
+    USAGE, then the work phase (its RSS at the first start and its peak), INFO memory and
+    MEMORY USAGE again (what the system keeps of jobs done); and a process that only imports
+    the driver, for the RSS of the interpreter and the system's libraries."""
+    server.reset()
+    empty = server.memory()
+    run_phase(python, system, "enqueue", server, size, durability)
+    queued = server.memory()
+    keys = server.key_usage()
+    work, _ = run_phase(python, system, "work", server, size, durability)
+    done = server.memory()
+    done_keys = server.key_usage()
+    imports, _ = run_phase(python, system, "imports", server, size, durability)
+    return MemoryOutcome(empty, queued, done, keys, done_keys, work, imports["rss_kb"])
+
+
+def run_latency(
+    python: Path, system: System, server: Server, size: Size, durability: str
+) -> LatencyOutcome:
+    """On a wiped server, an idle worker, then up to ``size.jobs`` jobs one at a time, each
+    into a session of its own, for ``size.timeout`` seconds at most."""
+    server.reset()
+    result, _ = run_phase(python, system, "latency", server, size, durability)
+    return LatencyOutcome(result["waits_ms"], result["idle_rss_kb"])

@@ -4,6 +4,8 @@ and asked how many commands ran (INFO commandstats)."""
 from __future__ import annotations
 
 import contextlib
+import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,34 @@ FLAGS: dict[Fsync, list[str]] = {
     "always": ["--appendonly", "yes", "--appendfsync", "always"],
 }
 SCRIPT_COMMANDS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
+_NAMED = re.compile(r"[0-9]")  # a key segment with a digit names one job / session / bucket
+
+
+def key_kind(key: str) -> str:
+    """What kind of key this is, the same for every job or session of a system: each
+    ``:``-separated segment holding a digit becomes ``*`` (``outboxq:{bench}:{s12}`` ->
+    ``outboxq:{bench}:*``, ``bull:benchpeers:17`` -> ``bull:benchpeers:*``)."""
+    return ":".join("*" if _NAMED.search(part) else part for part in key.split(":"))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """INFO memory: ``used_memory`` (all the server's allocations) and ``used_memory_dataset``
+    (those less the server's overhead: the key table, client buffers, scripts...)."""
+
+    used: int
+    dataset: int
+
+    def __sub__(self, other: Memory) -> Memory:
+        return Memory(self.used - other.used, self.dataset - other.dataset)
+
+
+@dataclass(frozen=True)
+class KeyKind:
+    """Keys of one kind: how many, and their MEMORY USAGE summed (bytes)."""
+
+    keys: int
+    bytes: int
 
 
 @dataclass(frozen=True)
@@ -62,8 +92,9 @@ class Server:
 
     def reset(self) -> None:
         """A clean slate for the next system: no keys, no cached scripts, no functions (each
-        system pays for loading its own)."""
-        self._node.flushall()
+        system pays for loading its own). FLUSHALL SYNC: freed before it answers (a lazy free
+        would still be running as the memory phase takes its "before")."""
+        self._node.execute_command("FLUSHALL", "SYNC")
         self._node.script_flush()
         self._node.function_flush()
 
@@ -81,6 +112,28 @@ class Server:
     def since(self, before: Commands) -> Commands:
         """Commands others ran since ``before`` was taken."""
         return self.commands() - before - Commands(1, 0)
+
+    def memory(self) -> Memory:
+        info = self._info("memory")
+        return Memory(int(info["used_memory"]), int(info["used_memory_dataset"]))
+
+    def key_usage(self) -> dict[str, KeyKind]:
+        """Every key's MEMORY USAGE (SAMPLES 0: every element counted, not an estimate),
+        summed by ``key_kind``; largest first."""
+        keys = [k.decode() for k in self._node.scan_iter(count=1000)]
+        usage: list[int | None] = []
+        for start in range(0, len(keys), 1000):
+            pipe = self._node.pipeline(transaction=False)
+            for key in keys[start : start + 1000]:
+                pipe.memory_usage(key, samples=0)
+            usage += pipe.execute()
+        count: Counter[str] = Counter()
+        size: Counter[str] = Counter()
+        for key, used in zip(keys, usage, strict=True):
+            kind = key_kind(key)
+            count[kind] += 1
+            size[kind] += used or 0  # None: the key expired between the SCAN and the call
+        return {kind: KeyKind(count[kind], size[kind]) for kind, _ in size.most_common()}
 
     def _info(self, section: str) -> dict[str, Any]:
         # The sync client's stubs allow an awaitable here; it is a dict.
