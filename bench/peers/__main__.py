@@ -250,7 +250,7 @@ def memory_verdicts(report: Report, results: Path | None) -> None:
     verdict(
         results,
         target=MEMORY_TARGET,
-        bar="reported, with what holds it",
+        bar="none: report it, and what dominates it",
         ours=f"{ours.per_job(ours.queued.used):,.0f} B per entry; MEMORY USAGE per entry: "
         + ", ".join(kinds),
         peers="; ".join(
@@ -268,7 +268,7 @@ def memory_verdicts(report: Report, results: Path | None) -> None:
     verdict(
         results,
         target=RSS_TARGET,
-        bar="reported, with what holds it",
+        bar="none: report it, and what dominates it",
         ours=f"{ours.rss_text()} (after imports {mib(ours.outcome.imports_rss_kb)}, idle "
         f"worker {idle})",
         peers="; ".join(f"{m.system.title} {m.rss_text()}" for m in rows.values()),
