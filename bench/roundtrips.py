@@ -7,9 +7,11 @@ valkey-py client calling a no-op script, measured in the same run".
 One server without persistence (as the peer benchmark), 127.0.0.1, started here. Three parts:
 
 - *round trips*, counted at the client (one packed send is one round trip; a pipeline is one):
-  the accepts of a backlog, then its delivery by ``Outbox.running`` with OnDelivered wired, at
-  two backlog sizes; the steady-state figure is the difference between them divided by the
-  extra prompts, so what a drain or a run-loop pass costs once is not counted per prompt;
+  the accepts of one session's backlog, then its delivery by ``Outbox.running`` with
+  OnDelivered wired, at two backlog sizes; the steady-state figure is the difference between
+  them divided by the extra prompts, so what a drain or a run-loop pass costs once is not
+  counted per prompt. One session, so that no other session's calls share a send (with many
+  in flight, auto-pipelining makes the sends per prompt fewer still);
 - *the raw rate*: one valkey-py client calling a no-op script (``return 1``) for a few
   seconds, one call at a time and then from 50 tasks;
 - *our rate*: prompts accepted and then delivered (no-op deliverer, OnDelivered wired) by one
@@ -159,9 +161,11 @@ class Report:
 
 
 async def measure(url: str, seconds: float) -> Report:
-    sessions, small, large = 10, 40, 80
-    a = await run_backlog(url, sessions, small, sessions)
-    b = await run_backlog(url, sessions, large, sessions)
+    # One session: its round trips are what each prompt waits for in turn. With many sessions
+    # in flight, auto-pipelining puts several sessions' calls in one send (``rates`` below).
+    small, large = 200, 400
+    a = await run_backlog(url, 1, small, 1)
+    b = await run_backlog(url, 1, large, 1)
     extra = b.prompts - a.prompts
     accept = (b.accept_trips - a.accept_trips) / extra
     deliver = (b.deliver_trips - a.deliver_trips) / extra
