@@ -273,8 +273,9 @@ def memory_verdicts(report: Report, results: Path | None) -> None:
         f"worker {idle})",
         peers="; ".join(f"{m.system.title} {m.rss_text()}" for m in rows.values()),
         met=None,
-        note=f"bench.peers: VmRSS at the first start with {size.jobs} queued over {size.sessions} "
-        f"sessions, peak = VmHWM once all are done; a bare python: {mib(report.bare_rss_kb)}",
+        note=f"bench.peers: VmRSS at the first start with {size.jobs:,} queued over "
+        f"{size.sessions} sessions, peak = VmHWM once all are done; a bare python: "
+        f"{mib(report.bare_rss_kb)}",
     )
 
 
