@@ -19,6 +19,7 @@ from bench.peers.__main__ import (
     latency_verdict,
     memory_verdicts,
     run,
+    throughput_verdicts,
 )
 from bench.peers.runner import Size
 from bench.peers.server import key_kind
@@ -63,6 +64,19 @@ def test_our_driver_works_off_every_job_in_session_order() -> None:
     assert ours.commands[0] > 0 and ours.scripts[1] > 0  # INFO commandstats was read
     assert "appendonly no" in report.header and "accept_durability=none" in report.header
     assert "| sessions | jobs | system |" in report.markdown()
+
+
+@pytest.mark.timeout(120)
+def test_repeated_runs_keep_the_median_and_give_the_end_to_end_verdict(tmp_path: Path) -> None:
+    report = run([TINY], by_names([OURS]), "no", repeat=3)
+    [ours] = report.table.measured  # one row: the median of three runs
+    assert ours.done == TINY.jobs and "median of 3 runs" in report.header
+    results = tmp_path / "results.jsonl"
+    throughput_verdicts(report, results)
+    [row] = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["target"] == "End to end, 4 sessions x 10"
+    assert row["ours"].endswith("prompts/s")
+    assert (row["peers"], row["met"]) == ("no peer ran", None)  # no verdict without a peer
 
 
 def test_a_key_kind_is_the_key_with_its_numbered_segments_starred() -> None:
