@@ -35,9 +35,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from bench.output import publish, verdict
 from bench.peers import venvs
@@ -61,6 +63,8 @@ from bench.peers.runner import (
 from bench.peers.server import Fsync, Server, valkey_server
 from bench.peers.systems import OURS, SYSTEMS, System, by_names
 from bench.scale import LATENCY_BAR, LATENCY_TARGET
+
+T = TypeVar("T")
 
 # Our accept level on each server setting: what the server can keep, chosen explicitly (the
 # default, fsync, would step down on a server with no AOF and say so at every start).
@@ -146,16 +150,15 @@ def latency_phase(
 ) -> dict[str, int]:
     """Each system's latency row; the idle worker's RSS (KiB) of each that ran."""
     idle: dict[str, int] = {}
-    for system in systems:
-        python = interpreters.get(system.name)
-        if python is None or size is None:
-            continue
-        try:
-            outcome = run_latency(python, system, server, size, level)
-        except DriverFailed as e:
-            print(f"{system.name} failed: {e}", flush=True)
-            report.latency.add_missing(system, f"failed: {e}")
-            continue
+    if size is None:
+        return idle
+    runs = each_system(
+        systems,
+        interpreters,
+        lambda python, system: run_latency(python, system, server, size, level),
+        report.latency.add_missing,
+    )
+    for system, outcome in runs:
         idle[system.name] = outcome.idle_rss_kb
         report.latency.add(LatencyMeasured.of(system, outcome))
     return idle
@@ -171,17 +174,36 @@ def memory_phase(
     idle: dict[str, int],
 ) -> None:
     """Each system's memory row, with its idle worker's RSS from the latency phase."""
+    if size is None:
+        return
+    runs = each_system(
+        systems,
+        interpreters,
+        lambda python, system: run_memory(python, system, server, size, level),
+        report.memory.add_missing,
+    )
+    for system, outcome in runs:
+        report.memory.add(MemoryMeasured(system, size, outcome, idle.get(system.name)))
+
+
+def each_system(
+    systems: list[System],
+    interpreters: dict[str, Path],
+    measure: Callable[[Path, System], T],
+    missing: Callable[[System, str], None],
+) -> Iterator[tuple[System, T]]:
+    """``measure`` each system that has an interpreter; one that fails gets a row saying so."""
     for system in systems:
         python = interpreters.get(system.name)
-        if python is None or size is None:
+        if python is None:
             continue
         try:
-            outcome = run_memory(python, system, server, size, level)
+            outcome = measure(python, system)
         except DriverFailed as e:
             print(f"{system.name} failed: {e}", flush=True)
-            report.memory.add_missing(system, f"failed: {e}")
+            missing(system, f"failed: {e}")
             continue
-        report.memory.add(MemoryMeasured(system, size, outcome, idle.get(system.name)))
+        yield system, outcome
 
 
 def run(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from bench.peers.runner import LatencyOutcome, MemoryOutcome, Outcome, Size
 from bench.peers.server import KeyKind, Memory
@@ -195,19 +196,31 @@ KIND_COLUMNS = (
 )
 
 
-@dataclass
-class MemoryTable:
-    """The memory phase: one row per system, and the breakdown of its keys by kind."""
+M = TypeVar("M")
 
-    measured: list[MemoryMeasured] = field(default_factory=list)
+
+@dataclass
+class PerSystem(Generic[M]):
+    """A phase's table with one row per system: rows printed as they come, and the systems
+    that did not run, with why."""
+
+    measured: list[M] = field(default_factory=list)
     missing: list[tuple[System, str]] = field(default_factory=list)
 
-    def add(self, m: MemoryMeasured) -> None:
+    def add(self, m: M) -> None:
         self.measured.append(m)
         print(" | ".join(self._row(m)), flush=True)
 
     def add_missing(self, system: System, reason: str) -> None:
         self.missing.append((system, _first_line(reason)))
+
+    def _row(self, m: M) -> list[str]:
+        raise NotImplementedError
+
+
+@dataclass
+class MemoryTable(PerSystem[MemoryMeasured]):
+    """The memory phase: one row per system, and the breakdown of its keys by kind."""
 
     def _row(self, m: MemoryMeasured) -> list[str]:
         start, peak, _ = m.rss
@@ -271,18 +284,8 @@ class LatencyMeasured:
 
 
 @dataclass
-class LatencyTable:
+class LatencyTable(PerSystem[LatencyMeasured]):
     """The latency phase: one row per system."""
-
-    measured: list[LatencyMeasured] = field(default_factory=list)
-    missing: list[tuple[System, str]] = field(default_factory=list)
-
-    def add(self, m: LatencyMeasured) -> None:
-        self.measured.append(m)
-        print(" | ".join(self._row(m)), flush=True)
-
-    def add_missing(self, system: System, reason: str) -> None:
-        self.missing.append((system, _first_line(reason)))
 
     def _row(self, m: LatencyMeasured) -> list[str]:
         lat = m.latency
