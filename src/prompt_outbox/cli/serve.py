@@ -8,8 +8,9 @@ import contextlib
 import ipaddress
 import logging
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 import uvicorn
@@ -44,6 +45,31 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+LOOPS = ("auto", "uvloop", "asyncio")
+HTTP_PARSERS = ("auto", "httptools", "h11")
+
+
+def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop to run on: uvloop (``auto``: when it is installed), or asyncio's own
+    (None). uvloop takes CPU off every request (bench/http.py, docs/performance.md)."""
+    if loop == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if loop == "uvloop":
+            raise click.UsageError("--loop uvloop: uvloop is not installed") from None
+        return None
+    return uvloop.new_event_loop
+
+
+def run_on(loop: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``asyncio.run(main())`` on the chosen loop: serve runs uvicorn inside its own loop, so
+    uvicorn's ``loop`` setting would never apply."""
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+        runner.run(main())
+
+
 def _on_signals(stop: asyncio.Event | _Server) -> None:
     loop = asyncio.get_running_loop()
     handler = stop.set if isinstance(stop, asyncio.Event) else stop.request_exit
@@ -67,12 +93,25 @@ async def delivering(outbox: Outbox, delivery: Delivery | None) -> AsyncIterator
 
 
 async def run_api(
-    outbox: Outbox, tokens: TokenTable, host: str, port: int, streams: StreamLimits
+    outbox: Outbox,
+    tokens: TokenTable,
+    host: str,
+    port: int,
+    streams: StreamLimits,
+    *,
+    http: str = "auto",
+    access_log: bool = False,
 ) -> None:
     """Serve the API until SIGINT / SIGTERM."""
-    # Open event streams never end by themselves: give them a bound at shutdown.
     app = create_app(outbox, tokens, streams=streams)
-    config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=http,  # auto: httptools where installed, else h11
+        access_log=access_log,
+        timeout_graceful_shutdown=5,  # open event streams never end by themselves
+    )
     server = _Server(config)
     _on_signals(server)
     await server.serve()  # returns once a signal asked it to
@@ -107,6 +146,29 @@ async def run_api(
     type=click.IntRange(min=1),
     help="open event streams one token may hold (429 past it)",
 )
+@click.option(
+    "--access-log/--no-access-log",
+    default=False,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_ACCESS_LOG",
+    help="one line per request on stdout (off by default: each line costs CPU on the request "
+    "path; docs/performance.md has the figure)",
+)
+@click.option(
+    "--loop",
+    type=click.Choice(LOOPS),
+    default="auto",
+    show_default=True,
+    help="event loop (auto: uvloop where installed)",
+)
+@click.option(
+    "--http",
+    "http_parser",
+    type=click.Choice(HTTP_PARSERS),
+    default="auto",
+    show_default=True,
+    help="HTTP/1.1 parser (auto: httptools where installed)",
+)
 @delivery_options
 def serve(
     valkey_url: str | None,
@@ -121,6 +183,9 @@ def serve(
     no_auth: bool,
     max_streams: int,
     max_streams_per_token: int,
+    access_log: bool,
+    loop: str,
+    http_parser: str,
     **delivery: str | float | None,
 ) -> None:
     """Run the HTTP API and the delivery workers in one process."""
@@ -146,9 +211,11 @@ def serve(
         # aclosing: the event streams' shared connections close before the client does.
         async with opened as outbox, contextlib.aclosing(outbox), delivering(outbox, chosen):
             limits = StreamLimits(per_process=max_streams, per_token=max_streams_per_token)
-            await run_api(outbox, tokens, host, port, limits)
+            await run_api(
+                outbox, tokens, host, port, limits, http=http_parser, access_log=access_log
+            )
 
-    asyncio.run(main())
+    run_on(loop, main)
 
 
 @click.command()
