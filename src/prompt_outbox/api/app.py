@@ -14,6 +14,7 @@ from ..outbox import Outbox
 from . import health, prompts, workspaces
 from .auth import TokenTable
 from .errors import EXCEPTION_HANDLERS
+from .fast import AcceptFastPath
 from .streams import StreamGate, StreamLimits
 
 
@@ -34,4 +35,5 @@ def create_app(
     app.state.streams = StreamGate(streams or StreamLimits())  # the events route takes a slot
     for router in (prompts.router, workspaces.router, health.router):
         app.include_router(router)
+    app.add_middleware(AcceptFastPath)  # the hot route, answered before FastAPI routes it
     return app

@@ -89,13 +89,21 @@ class TokenTable:
         return found
 
 
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
     """The caller's token, checked against the workspace in the path (401 / 403). Read from
     the raw path so that the route's declaration of ``ws`` (with its pattern) is the only one:
-    auth is decided first, the ID checked after."""
-    ws = request.path_params.get("ws", "")
+    auth is decided first, the ID checked after. ``async`` although it never awaits: FastAPI
+    runs a plain ``def`` dependency in its threadpool, a thread hop per request."""
     tokens: TokenTable = request.app.state.tokens
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return authenticate(
+        tokens, request.headers.get("authorization", ""), request.path_params.get("ws", "")
+    )
+
+
+def authenticate(tokens: TokenTable, authorization: str, ws: str) -> Principal:
+    """The Principal of an ``Authorization`` header that may act on ``ws``, or the refusal:
+    401 (no valid bearer token), 403 (not this workspace)."""
+    scheme, _, token = authorization.partition(" ")
     found = tokens.lookup(token.strip() if scheme.lower() == "bearer" else "")
     if found is None:
         raise ApiError(401, "unauthorized", "a valid bearer token is required")
@@ -107,7 +115,7 @@ def principal(request: Request) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
-def admin(caller: Caller) -> Principal:
+async def admin(caller: Caller) -> Principal:
     """Workspace-wide operator actions need an admin token (403 otherwise)."""
     if not caller.admin:
         raise ApiError(403, "forbidden", "this route needs an admin token")

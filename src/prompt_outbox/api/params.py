@@ -18,8 +18,9 @@ PATH_IDS = {"ws": "workspace ID", "ses": "session ID", "entry_id": "entry ID"}
 """Path parameter -> the ID kind the library names in its InvalidId message."""
 
 
-def get_outbox(request: Request) -> Outbox:
-    """The Outbox the app serves (``create_app`` puts it on ``app.state``)."""
+async def get_outbox(request: Request) -> Outbox:
+    """The Outbox the app serves (``create_app`` puts it on ``app.state``). ``async``: a plain
+    ``def`` dependency would run in FastAPI's threadpool, a thread hop per request."""
     outbox: Outbox = request.app.state.outbox
     return outbox
 

@@ -83,7 +83,7 @@ class StreamGate:
         return release
 
 
-def get_gate(request: Request) -> StreamGate:
+async def get_gate(request: Request) -> StreamGate:
     """The app's gate (``create_app`` puts it on ``app.state``)."""
     gate: StreamGate = request.app.state.streams
     return gate
