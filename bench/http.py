@@ -1,0 +1,487 @@
+"""HTTP accept: ``prompt-outbox serve`` against a bare FastAPI route doing one RPUSH.
+
+    .venv/bin/python -m bench.http [--seconds 5] [--connections 32] [--repeat 3]
+                                   [--stacks h11,httptools] [--out FILE] [--results FILE]
+
+One embedded Valkey (``appendfsync always``) on 127.0.0.1, and for each server stack, one
+after the other on that Valkey:
+
+- the baseline: a FastAPI app (one process) whose one POST route reads the body and RPUSHes
+  it (valkey-py asyncio), answering 202 as ours does;
+- ours: the real ``prompt-outbox serve`` (a subprocess, auth on with a token file, no
+  deliverer) at its accept route, default accept level (``fsync``: a WAITAOF rides each
+  accept; on ``appendfsync always`` it returns at once).
+
+The load is autocannon (``bench/load``, installed with ``npm ci`` on the first run): POSTs
+from ``--connections`` connections for ``--seconds`` after a 1 s warm-up, each with a
+clientMessageID of its own and a new session every 10 requests, the same bodies for both.
+Each run reports accepts/s, p50 / p99, and the CPU time the server process and Valkey spent
+per accept; every 2xx is checked against what was stored (the baseline's list, ours'
+``prompt_outbox_accepted_total``). Rounds repeat ``--repeat`` times, baseline and ours
+alternating, and the run with the median rate is kept. The figure that matters is the ratio
+ours / baseline on the same stack, in the same run (these machines are shared and noisy:
+never read the absolutes). For the stack ``serve`` runs by default it also measures ours
+with the access log on (written to a file, as a service's stdout usually is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import valkey
+import valkey.asyncio as valkey_async
+from fastapi import FastAPI, Request
+
+from bench.output import publish, verdict
+from prompt_outbox.embedded import EmbeddedValkey, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+LOAD = ROOT / "bench" / "load"
+BIN = str(Path(sys.executable).parent / "prompt-outbox")
+TARGET = "HTTP accept"
+BASELINE_KEY = "bench:baseline"
+BAR = 0.8  # ours / baseline, issue 12
+WORKSPACE = "bench"
+TOKEN = "bench-token"
+PER_SESSION = 10  # a session holds at most 25 entries (the cap) and nothing delivers here
+WARMUP_S = 1.0
+ACCESS_LOG = "ours, access log on"
+# A phone's prompt: a few sentences and a model selector, as the opencode deliverer gets them.
+TEXT = (
+    "Please look at the failing test in tests/test_api.py, find why the duplicate answer "
+    "comes back as 202 instead of 200, and fix it without changing the public API."
+)
+MODEL = {"providerID": "anthropic", "modelID": "claude-sonnet-4"}
+
+
+@dataclass(frozen=True)
+class Stack:
+    """How one server process is run: uvicorn's HTTP parser and the event loop."""
+
+    key: str  # for --stacks
+    name: str
+    loop: str  # asyncio | uvloop
+    http: str  # h11 | httptools
+
+    def serve_args(self) -> list[str]:
+        return ["--loop", self.loop, "--http", self.http]
+
+
+STACKS = (
+    Stack("h11", "uvicorn, h11, asyncio loop", "asyncio", "h11"),
+    Stack("httptools", "uvicorn, httptools, uvloop", "uvloop", "httptools"),
+)
+DEFAULT = STACKS[-1]  # what ``serve`` runs with no flags (--loop auto --http auto)
+
+
+class LoadUnavailable(RuntimeError):
+    """node / npm are missing or autocannon would not install (the message says why)."""
+
+
+# -- the load generator --------------------------------------------------------------------
+
+
+def _lock_hash() -> str:
+    return hashlib.sha256((LOAD / "package-lock.json").read_bytes()).hexdigest()
+
+
+def ensure_load() -> Path:
+    """The node binary, with autocannon installed from the committed lock (``npm ci``, once
+    per lock). Raises LoadUnavailable when node or npm is absent or the install fails."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        raise LoadUnavailable("node and npm are needed for the load generator (autocannon)")
+    stamp = LOAD / "node_modules" / ".bench-installed"
+    if stamp.exists() and stamp.read_text().strip() == _lock_hash():
+        return Path(node)
+    print("installing autocannon into bench/load/node_modules ...", flush=True)
+    done = subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=LOAD,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise LoadUnavailable(f"npm ci in bench/load failed: {tail}")
+    stamp.write_text(_lock_hash() + "\n")
+    return Path(node)
+
+
+@dataclass(frozen=True)
+class Load:
+    """One autocannon run: what came back, and how fast."""
+
+    seconds: float
+    ok: int
+    non2xx: int
+    errors: int
+    timeouts: int
+    codes: dict[str, int]
+    p50: float  # ms
+    p99: float  # ms
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+
+def load(node: Path, port: int, seconds: float, connections: int, tag: str) -> Load:
+    """POST accepts at ``port`` for ``seconds``; clientMessageIDs are ``<tag>-<n>``."""
+    config = {
+        "url": f"http://127.0.0.1:{port}",
+        "connections": connections,
+        "seconds": seconds,
+        "workspace": WORKSPACE,
+        "perSession": PER_SESSION,
+        "tag": tag,
+        "text": TEXT,
+        "model": MODEL,
+        "headers": {"content-type": "application/json", "authorization": f"Bearer {TOKEN}"},
+    }
+    done = subprocess.run(
+        [str(node), str(LOAD / "run.js"), json.dumps(config)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"autocannon failed: {done.stderr.strip()[-500:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return Load(
+        seconds=float(out["seconds"]),
+        ok=int(out["ok"]),
+        non2xx=int(out["non2xx"]),
+        errors=int(out["errors"]),
+        timeouts=int(out["timeouts"]),
+        codes={str(k): int(v) for k, v in out["codes"].items()},
+        p50=float(out["p50"]),
+        p99=float(out["p99"]),
+    )
+
+
+# -- the servers ---------------------------------------------------------------------------
+
+
+def baseline_app(url: str) -> FastAPI:
+    """The bare FastAPI app: one POST route doing one RPUSH, and a health route."""
+    app = FastAPI()
+    client = valkey_async.Valkey.from_url(url)
+
+    @app.post("/v1/workspaces/{ws}/sessions/{ses}/prompts", status_code=202)
+    async def accept(ws: str, ses: str, request: Request) -> dict[str, str]:
+        await client.rpush(BASELINE_KEY, await request.body())
+        return {"id": "0", "status": "pending"}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def _serve_baseline(port: int, url: str, stack: str) -> None:
+    """The baseline server's process (``--serve-baseline``)."""
+    import uvicorn
+
+    chosen = next(s for s in STACKS if s.key == stack)
+    uvicorn.run(
+        baseline_app(url),
+        host="127.0.0.1",
+        port=port,
+        loop=chosen.loop,
+        http=chosen.http,
+        access_log=False,
+        log_level="warning",
+    )
+
+
+@contextlib.contextmanager
+def running(args: list[str], port: int, ready: str, log: Path) -> Iterator[int]:
+    """A server process for the block (its pid), once ``ready`` answers 200; SIGTERM after."""
+    with log.open("ab") as sink:
+        proc = subprocess.Popen(args, stdout=sink, stderr=sink, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, f"{args[:3]} exited: see {log}"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, f"{args[:3]} did not answer {ready}"
+            time.sleep(0.05)
+        yield proc.pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def valkey_cpu(client: valkey.Valkey) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def fresh(client: valkey.Valkey) -> None:
+    """Empty the server and rewrite its AOF, so that each run starts from the same state and
+    no automatic rewrite falls inside a run."""
+    client.flushall()
+    client.bgrewriteaof()
+    deadline = time.monotonic() + 60
+    while True:
+        info = client.info("persistence")
+        if not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]:
+            return
+        assert time.monotonic() < deadline, "the AOF rewrite did not finish"
+        time.sleep(0.05)
+
+
+# -- one run, and the report ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One server under load: the load's figures and the CPU spent per accept."""
+
+    load: Load
+    server_cpu_us: float  # the server process's CPU per accept
+    valkey_cpu_us: float
+    answered: int  # 2xx answers, the warm-up's included
+    stored: int  # accepts the server says it stored (the same count, or something is wrong)
+
+
+@dataclass
+class Report:
+    seconds: float
+    connections: int
+    repeat: int
+    warmup: float
+    runs: dict[tuple[str, str], Run] = field(default_factory=dict)  # (stack, side) -> run
+    encode_us: dict[str, float] = field(default_factory=dict)
+
+    def ratio(self, stack: Stack) -> float:
+        base = self.runs[(stack.name, "baseline")].load.rate
+        return self.runs[(stack.name, "ours")].load.rate / base if base else 0.0
+
+    def access_log_cost(self) -> tuple[float, float] | None:
+        """(throughput lost, server CPU per accept added), both as fractions; None if the
+        access-log run did not happen."""
+        on = self.runs.get((DEFAULT.name, ACCESS_LOG))
+        off = self.runs.get((DEFAULT.name, "ours"))
+        if on is None or off is None or not off.load.rate:
+            return None
+        lost = 1 - on.load.rate / off.load.rate
+        return lost, on.server_cpu_us / off.server_cpu_us - 1
+
+    def markdown(self) -> str:
+        lines = [
+            f"{self.connections} connections, {self.seconds:g} s a run after a {self.warmup:g} s "
+            f"warm-up, the median of {self.repeat} rounds; server, Valkey (appendfsync always) "
+            "and autocannon on one machine, 127.0.0.1. CPU: per accept, the server process's "
+            "and Valkey's. Ours: `prompt-outbox serve`, auth on, accept level fsync (WAITAOF).",
+            "",
+            "| stack | server | accepts/s | p50 | p99 | server CPU | Valkey CPU | refused "
+            "| ours / baseline |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for (stack, side), run in self.runs.items():
+            found = next((s for s in STACKS if s.name == stack), None)
+            ratio = f"**{self.ratio(found):.2f}x**" if side == "ours" and found else ""
+            load = run.load
+            lines.append(
+                f"| {stack} | {side} | {load.rate:,.0f} | {load.p50:.0f} ms | {load.p99:.0f} ms "
+                f"| {run.server_cpu_us:.0f} us | {run.valkey_cpu_us:.0f} us "
+                f"| {load.non2xx + load.errors + load.timeouts} | {ratio} |"
+            )
+        cost = self.access_log_cost()
+        if cost is not None:
+            lines += [
+                "",
+                f"Access log on ({DEFAULT.name}): {cost[0]:.0%} of accepts/s lost, "
+                f"{cost[1]:+.0%} server CPU per accept.",
+            ]
+        if self.encode_us:
+            each = ", ".join(f"{name} {us:.1f} us" for name, us in self.encode_us.items())
+            lines += ["", f"Encoding the accept's answer, per call: {each}."]
+        return "\n".join(lines) + "\n"
+
+
+def stored(side: str, port: int, client: valkey.Valkey) -> int:
+    """How many accepts the server stored: the baseline's list length, or ours' counter."""
+    if side == "baseline":
+        return int(client.llen(BASELINE_KEY))
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    line = next(x for x in text.splitlines() if x.startswith("prompt_outbox_accepted_total "))
+    return int(float(line.split()[1]))
+
+
+def measure(
+    node: Path,
+    side: str,
+    pid: int,
+    port: int,
+    client: valkey.Valkey,
+    seconds: float,
+    connections: int,
+    warmup: float = WARMUP_S,
+) -> Run:
+    tag = f"t{time.monotonic_ns()}"
+    warm = load(node, port, warmup, connections, tag + "w")
+    cpu, vcpu = cpu_seconds(pid), valkey_cpu(client)
+    measured = load(node, port, seconds, connections, tag)
+    server_cpu, valkey_used = cpu_seconds(pid) - cpu, valkey_cpu(client) - vcpu
+    n = max(measured.ok, 1)
+    return Run(
+        measured,
+        server_cpu / n * 1e6,
+        valkey_used / n * 1e6,
+        answered=warm.ok + measured.ok,
+        stored=stored(side, port, client),
+    )
+
+
+def _sides(stack: Stack, access_log: bool) -> list[str]:
+    sides = ["baseline", "ours"]
+    if access_log and stack == DEFAULT:
+        sides.append(ACCESS_LOG)
+    return sides
+
+
+def run(
+    seconds: float = 5.0,
+    connections: int = 32,
+    stacks: tuple[Stack, ...] = STACKS,
+    *,
+    repeat: int = 3,
+    access_log: bool = True,
+    warmup: float = WARMUP_S,
+) -> Report:
+    node = ensure_load()
+    report = Report(seconds, connections, repeat, warmup)
+    every: dict[tuple[str, str], list[Run]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-http-") as tmp, EmbeddedValkey(tmp) as server:
+        tokens = Path(tmp, "tokens.json")
+        tokens.write_text(
+            json.dumps({"tokens": [{"token": TOKEN, "user": "bench", "workspaces": [WORKSPACE]}]})
+        )
+        log = Path(tmp, "servers.log")  # stdout and stderr: the access log lands here
+        client = valkey.Valkey.from_url(server.url)
+
+        def command(stack: Stack, side: str, port: int) -> tuple[list[str], str]:
+            if side == "baseline":
+                me = [sys.executable, "-m", "bench.http", "--serve-baseline"]
+                return [*me, str(port), server.url, stack.key], "/healthz"
+            common = ["--valkey-url", server.url, "--tokens", str(tokens), "--port", str(port)]
+            extra = ["--access-log"] if side == ACCESS_LOG else []
+            return [BIN, "serve", *common, *stack.serve_args(), *extra], "/readyz"
+
+        for _ in range(repeat):  # rounds: each stack's baseline and ours side by side in time
+            for stack in stacks:
+                for side in _sides(stack, access_log):
+                    port = free_port()
+                    args, ready = command(stack, side, port)
+                    fresh(client)
+                    with running(args, port, ready, log) as pid:
+                        done = measure(node, side, pid, port, client, seconds, connections, warmup)
+                    every.setdefault((stack.name, side), []).append(done)
+                    print(
+                        f"{stack.name:28} {side:20} {done.load.rate:8,.0f}/s "
+                        f"p50 {done.load.p50:.0f} ms p99 {done.load.p99:.0f} ms "
+                        f"cpu {done.server_cpu_us:.0f} us, Valkey {done.valkey_cpu_us:.0f} us "
+                        f"{done.load.codes}",
+                        flush=True,
+                    )
+        client.close()
+    for key, runs in every.items():
+        report.runs[key] = sorted(runs, key=lambda r: r.load.rate)[(len(runs) - 1) // 2]
+    report.encode_us = encode_cost()
+    return report
+
+
+def encode_cost() -> dict[str, float]:
+    """What encoding the accept's answer costs, per call (us): what orjson could save."""
+    answer = {"id": "01a2411bbc5cd7ee000444b584d5", "status": "pending", "duplicate": False}
+    costs = {"json.dumps": min(timeit.repeat(lambda: json.dumps(answer), number=20_000, repeat=3))}
+    try:
+        import orjson
+    except ImportError:  # not a dependency: the figure is only shown where it is installed
+        pass
+    else:
+        calls = timeit.repeat(lambda: orjson.dumps(answer), number=20_000, repeat=3)
+        costs["orjson.dumps"] = min(calls)
+    return {name: total / 20_000 * 1e6 for name, total in costs.items()}
+
+
+def give_verdict(report: Report, results: Path | None) -> None:
+    base = report.runs[(DEFAULT.name, "baseline")].load
+    ours = report.runs[(DEFAULT.name, "ours")].load
+    ratio = report.ratio(DEFAULT)
+    cost = report.access_log_cost()
+    note = f"{DEFAULT.name}; accept level fsync (WAITAOF) against a plain RPUSH"
+    if cost is not None:
+        note += f"; access log on costs {cost[0]:.0%} of accepts/s"
+    verdict(
+        results,
+        target=TARGET,
+        bar=f">= {BAR}x bare FastAPI+RPUSH",
+        ours=f"{ours.rate:,.0f} accepts/s ({ratio:.2f}x)",
+        peers=f"bare FastAPI+RPUSH {base.rate:,.0f}/s",
+        met=ratio >= BAR,
+        note=note,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; the median is kept")
+    parser.add_argument("--stacks", help="comma-separated stack keys (default: all)")
+    parser.add_argument("--out", type=Path, help="append the table here (markdown)")
+    parser.add_argument("--results", type=Path, help="append the verdict here (JSON lines)")
+    parser.add_argument("--serve-baseline", nargs=3, metavar=("PORT", "URL", "STACK"))
+    args = parser.parse_args()
+    if args.serve_baseline:
+        port, url, stack = args.serve_baseline
+        _serve_baseline(int(port), url, stack)
+        return
+    stacks = STACKS
+    if args.stacks:
+        names = args.stacks.split(",")
+        stacks = tuple(s for s in STACKS if s.key in names)
+    started = time.monotonic()
+    report = run(args.seconds, args.connections, stacks, repeat=args.repeat)
+    publish(report.markdown(), args.out)
+    if DEFAULT in stacks:
+        give_verdict(report, args.results)
+    print(f"({time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
