@@ -18,15 +18,16 @@ clientMessageID of its own and a new session every 10 requests, the same bodies 
 Each run reports accepts/s, p50 / p99, and the CPU time the server process and Valkey spent
 per accept; every 2xx is checked against what was stored (the baseline's list, ours'
 ``prompt_outbox_accepted_total``). Rounds repeat ``--repeat`` times, baseline and ours
-alternating, and the run with the median rate is kept. The figure that matters is the ratio
-ours / baseline on the same stack, in the same run (these machines are shared and noisy:
-never read the absolutes). For the stack ``serve`` runs by default it also measures ours
+alternating, and each stack's round with the median ratio is kept. The figure that matters
+is the ratio ours / baseline on the same stack, in the same run (these machines are shared
+and noisy: never read the absolutes). For the stack ``serve`` runs by default it also measures ours
 with the access log on (written to a file, as a service's stdout usually is).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -43,11 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import uvloop
 import valkey
 import valkey.asyncio as valkey_async
 from fastapi import FastAPI, Request
 
 from bench.output import publish, verdict
+from prompt_outbox import Outbox
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -284,6 +287,7 @@ class Report:
     warmup: float
     runs: dict[tuple[str, str], Run] = field(default_factory=dict)  # (stack, side) -> run
     encode_us: dict[str, float] = field(default_factory=dict)
+    in_process_us: dict[str, float] = field(default_factory=dict)  # IN_PROCESS -> CPU per call
 
     def ratio(self, stack: Stack) -> float:
         base = self.runs[(stack.name, "baseline")].load.rate
@@ -302,9 +306,10 @@ class Report:
     def markdown(self) -> str:
         lines = [
             f"{self.connections} connections, {self.seconds:g} s a run after a {self.warmup:g} s "
-            f"warm-up, the median of {self.repeat} rounds; server, Valkey (appendfsync always) "
-            "and autocannon on one machine, 127.0.0.1. CPU: per accept, the server process's "
-            "and Valkey's. Ours: `prompt-outbox serve`, auth on, accept level fsync (WAITAOF).",
+            f"warm-up; of {self.repeat} rounds, the one with the median ratio. Server, Valkey "
+            "(appendfsync always) and autocannon on one machine, 127.0.0.1. CPU: per accept, "
+            "the server process's and Valkey's. Ours: `prompt-outbox serve`, auth on, accept "
+            "level fsync (WAITAOF).",
             "",
             "| stack | server | accepts/s | p50 | p99 | server CPU | Valkey CPU | refused "
             "| ours / baseline |",
@@ -325,6 +330,19 @@ class Report:
                 "",
                 f"Access log on ({DEFAULT.name}): {cost[0]:.0%} of accepts/s lost, "
                 f"{cost[1]:+.0%} server CPU per accept.",
+            ]
+        if len(self.in_process_us) == len(IN_PROCESS) and all(
+            (DEFAULT.name, side) in self.runs for side in ("baseline", "ours")
+        ):
+            rpush, accept = (self.in_process_us[name] for name in IN_PROCESS)
+            base = self.runs[(DEFAULT.name, "baseline")].server_cpu_us
+            ours = self.runs[(DEFAULT.name, "ours")].server_cpu_us
+            lines += [
+                "",
+                f"Without HTTP ({self.connections} tasks in one uvloop process): RPUSH "
+                f"{rpush:.0f} us CPU a call, Outbox.accept {accept:.0f} us. So on "
+                f"{DEFAULT.name} the HTTP layer takes {base - rpush:.0f} us of the baseline's "
+                f"{base:.0f} us, and {ours - accept:.0f} us of ours' {ours:.0f} us.",
             ]
         if self.encode_us:
             each = ", ".join(f"{name} {us:.1f} us" for name, us in self.encode_us.items())
@@ -417,11 +435,59 @@ def run(
                         f"{done.load.codes}",
                         flush=True,
                     )
+        for name in IN_PROCESS:
+            fresh(client)
+            report.in_process_us[name] = in_process_cpu(name, server.url, seconds, connections)
         client.close()
-    for key, runs in every.items():
-        report.runs[key] = sorted(runs, key=lambda r: r.load.rate)[(len(runs) - 1) // 2]
+    for stack in stacks:
+        # Keep each stack's round with the median ratio, all its runs side by side: medians
+        # taken per side apart could pair a lucky baseline with an unlucky ours.
+        rounds = [
+            {side: every[(stack.name, side)][i] for side in _sides(stack, access_log)}
+            for i in range(repeat)
+        ]
+        rounds.sort(key=lambda r: r["ours"].load.rate / max(r["baseline"].load.rate, 1e-9))
+        for side, done in rounds[(repeat - 1) // 2].items():
+            report.runs[(stack.name, side)] = done
     report.encode_us = encode_cost()
     return report
+
+
+IN_PROCESS = ("RPUSH", "Outbox.accept")
+
+
+def in_process_cpu(name: str, url: str, seconds: float, tasks: int) -> float:
+    """CPU per call (us) of the baseline's RPUSH or of our accept (serve's defaults), from
+    ``tasks`` tasks of one uvloop process, without HTTP: what each server spends beside its
+    HTTP layer."""
+
+    async def calls() -> float:
+        client = valkey_async.Valkey.from_url(url, socket_timeout=30)
+        outbox = Outbox(client)
+        await outbox.check_durability()
+        done = 0
+        deadline = time.monotonic() + seconds
+
+        async def one(task: int) -> None:
+            nonlocal done
+            n = task
+            while time.monotonic() < deadline:
+                if name == "RPUSH":
+                    await client.rpush(BASELINE_KEY, TEXT)
+                else:
+                    await outbox.accept(WORKSPACE, f"s{n // PER_SESSION}", "bench", f"m{n}", TEXT)
+                done += 1
+                n += tasks
+
+        started = time.process_time()
+        await asyncio.gather(*(one(t) for t in range(tasks)))
+        used = time.process_time() - started
+        await outbox.aclose()
+        await client.aclose()
+        return used / max(done, 1) * 1e6
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(calls())
 
 
 def encode_cost() -> dict[str, float]:
@@ -461,7 +527,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=3, help="rounds; the median is kept")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; the median ratio's is kept")
     parser.add_argument("--stacks", help="comma-separated stack keys (default: all)")
     parser.add_argument("--out", type=Path, help="append the table here (markdown)")
     parser.add_argument("--results", type=Path, help="append the verdict here (JSON lines)")
