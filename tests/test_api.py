@@ -220,3 +220,40 @@ async def test_metrics_count_the_work_and_the_entries(
     assert got[("prompt_outbox_accept_seconds_count", ())] == 2
     assert got[("prompt_outbox_delivery_seconds_count", ())] == 2
     assert got[("prompt_outbox_accept_to_delivered_seconds_count", ())] == 1
+
+
+async def test_the_fast_accept_path_and_the_fastapi_route_answer_alike(outbox: Outbox) -> None:
+    """api/fast.py answers the accept before FastAPI; under a root_path it steps aside and the
+    FastAPI route answers. Both must give the same status and body for the same request."""
+    app = create_app(outbox, TOKENS)
+    cases: list[tuple[str, dict[str, str], bytes]] = [
+        (URL, ALICE, b'{"clientMessageID":"f1","text":"hi"}'),
+        (URL, ALICE, b'{"clientMessageID":"f1","text":"hi"}'),  # the duplicate
+        (URL, {}, b'{"clientMessageID":"f2","text":"hi"}'),
+        (URL, {"Authorization": "Bearer bob-token"}, b'{"clientMessageID":"f2","text":"x"}'),
+        ("/v1/workspaces/acme/sessions/bad%20id/prompts", ALICE, b"{}"),
+        (URL, ALICE, b"not json"),
+        (URL, ALICE, b'{"clientMessageID":"f3"}'),
+        (URL, ALICE, b'{"clientMessageID":"f4","text":"x","model":"not an object"}'),
+        (URL, ALICE, b"x" * 2_000_000),
+    ]
+
+    async def answers(root: str, session: str) -> list[tuple[int, Any]]:
+        transport = httpx.ASGITransport(app=app, root_path=root)
+        out = []
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            for url, headers, body in cases:
+                r = await client.post(
+                    root + url.replace("chat-1", session), content=body, headers=headers
+                )
+                doc = r.json()
+                if isinstance(doc, dict):
+                    doc.pop("id", None)  # each side accepts its own entry
+                out.append((r.status_code, doc))
+        return out
+
+    fast, routed = await answers("", "fast-side"), await answers("/base", "routed-side")
+    assert fast == routed
+    assert [status for status, _ in fast] == [202, 200, 401, 403, 400, 400, 422, 400, 413], str(
+        fast
+    )
