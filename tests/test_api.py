@@ -254,6 +254,5 @@ async def test_the_fast_accept_path_and_the_fastapi_route_answer_alike(outbox: O
 
     fast, routed = await answers("", "fast-side"), await answers("/base", "routed-side")
     assert fast == routed
-    assert [status for status, _ in fast] == [202, 200, 401, 403, 400, 400, 422, 400, 413], str(
-        fast
-    )
+    statuses = [status for status, _ in fast]
+    assert statuses == [202, 200, 401, 403, 400, 400, 422, 202, 413], fast
