@@ -31,10 +31,12 @@ test-all: lint
 chaos: $(STAMP)
 	CHAOS_REPORT=chaos-report.txt $(BIN)/pytest -q -m '' tests/chaos
 
-# The benchmarks (about six minutes): idle cost, accept -> delivery start, open SSE streams
+# The benchmarks (about nine minutes): idle cost, accept -> delivery start, open SSE streams
 # (bench/scale.py); what each accept level costs (bench/durability.py); server time per
 # transition against the queue's length (bench/transitions.py); round trips per delivered
-# prompt against a no-op script's raw rate (bench/roundtrips.py); end-to-end throughput against
+# prompt against a no-op script's raw rate (bench/roundtrips.py); HTTP accepts of serve against
+# a bare FastAPI+RPUSH route per server stack (bench/http.py; its first run installs autocannon
+# with npm ci into bench/load/node_modules); end-to-end throughput, memory and latency against
 # SAQ, BullMQ, streaq and arq (bench/peers; its first run installs each peer into a venv of
 # its own under .cache/, about half a minute). Tables go to the terminal and bench-report.md;
 # each target's verdict to bench-results.jsonl, from which bench/summary.py writes the targets
@@ -45,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.durability --out bench-report.md
 	$(BIN)/python -m bench.transitions --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.roundtrips --out bench-report.md --results bench-results.jsonl
+	$(BIN)/python -m bench.http --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.peers --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.summary --results bench-results.jsonl --doc docs/performance.md
 
