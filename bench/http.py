@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,7 @@ import valkey
 import valkey.asyncio as valkey_async
 from fastapi import FastAPI, Request
 
-from bench.output import publish, verdict
+from bench.output import publish, stop_group, verdict
 from prompt_outbox import Outbox
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 
@@ -233,13 +232,7 @@ def running(args: list[str], port: int, ready: str, log: Path) -> Iterator[int]:
             time.sleep(0.05)
         yield proc.pid
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 15)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -1,10 +1,15 @@
 """What every benchmark does with its figures: print its table, append it to ``--out``, and
 append its verdicts on issue 12's targets to ``--results`` (JSON lines), from which
-``bench.summary`` writes the targets table into docs/performance.md."""
+``bench.summary`` writes the targets table into docs/performance.md; and how it stops the
+servers it started."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 
@@ -37,3 +42,15 @@ def verdict(
     row = {"target": target, "bar": bar, "ours": ours, "peers": peers, "met": met, "note": note}
     with results.open("a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM a server started in a session of its own (``start_new_session``), and SIGKILL
+    its group if it has not exited within ``grace`` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -27,8 +27,6 @@ import asyncio
 import contextlib
 import math
 import multiprocessing
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,7 +41,7 @@ from typing import Any
 import httpx
 import valkey.asyncio as valkey_async
 
-from bench.output import verdict
+from bench.output import stop_group, verdict
 from prompt_outbox import Entry, Outbox, Tunables
 from prompt_outbox.core.callbacks import Wiring
 from prompt_outbox.core.keys import buckets
@@ -229,12 +227,7 @@ def serve(url: str, port: int) -> Iterator[None]:
             time.sleep(0.05)
         yield
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 30)
 
 
 async def http_accept_p50(http: httpx.AsyncClient, samples: int, tag: str) -> float:
