@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 import pytest
 from valkey.asyncio.cluster import ValkeyCluster
 
-from prompt_outbox import Entry, Outbox
+from prompt_outbox import Duplicate, Entry, Outbox
 from prompt_outbox.core.callbacks import Wiring
-from prompt_outbox.core.keys import LEGACY_WORKSPACES, WorkspaceKeys, buckets
+from prompt_outbox.core.keys import LEGACY_WORKSPACES, SessionKeys, WorkspaceKeys, buckets
 from prompt_outbox.core.metrics import Metrics
 from prompt_outbox.delivery.engine import Engine
 from prompt_outbox.delivery.maintenance import Maintenance
@@ -282,19 +282,86 @@ async def test_a_full_repair_finds_a_workspace_the_registry_lost(client: Client)
     assert score is not None and score <= now_ms()
 
 
-async def test_a_transition_that_ran_is_never_sent_again_after_noscript(
+async def test_an_accept_after_a_restart_emptied_the_script_cache_runs_once(
     client: Client,
 ) -> None:
-    # After a restart another client loaded the accept script but not the marks: the marks
-    # meet NOSCRIPT, the accept runs. It must not be sent again (it would answer duplicate).
-    from prompt_outbox.storage.scripts import sources
-
+    # The accept and its mark are one script on a standalone server: NOSCRIPT means it did
+    # not run, so it is loaded and sent again, once (a second run would answer duplicate).
+    # At level fsync its WAITAOF rides the same pipeline and is sent again with it.
     if isinstance(client, ValkeyCluster):
         pytest.skip("the cluster path sends each call alone (no pipeline)")
     outbox = Outbox(client, FAST)
+    await outbox.check_durability()
     await client.script_flush()
-    await client.script_load(sources(FAST.event_log_len, 86_400_000)["accept"])
     entry = await outbox.accept("ws", "s1", "u", "c1", "once")
     assert [e.id for e in await outbox.list("ws", "s1")] == [entry.id]
     score = await score_of(client, "ws")
     assert score is not None
+
+
+async def _generation(client: Client, ws: str) -> str | None:
+    generation: bytes | None = await client.hget(WorkspaceKeys(ws).bucket.registry, ws)
+    return generation.decode() if generation else None
+
+
+async def test_an_accept_behind_a_ready_session_needs_no_mark(client: Client) -> None:
+    # The first accept makes the session ready: marked, a new generation. The second waits
+    # behind the first, so no work became due sooner: on a standalone server (mark and
+    # accept in one script) it leaves the mark and the generation as they were. A cluster
+    # marks before and after each accept: it cannot know in advance.
+    outbox = Outbox(client, FAST)
+    await outbox.accept("ws", "s1", "u", "c1", "first")
+    first = await _generation(client, "ws")
+    assert first is not None and await score_of(client, "ws") is not None
+    await outbox.accept("ws", "s1", "u", "c2", "second")
+    with pytest.raises(Duplicate):
+        await outbox.accept("ws", "s1", "u", "c2", "second")
+    unchanged = await _generation(client, "ws") == first
+    assert unchanged is not isinstance(client, ValkeyCluster)
+    await outbox.accept("ws", "s2", "u", "c3", "another session")  # ready now: marked
+    assert await _generation(client, "ws") != first
+    delivered: list[str] = []
+
+    async def deliver(ws: str, ses: str, entry: Entry) -> None:
+        delivered.append(entry.text)
+
+    async with outbox.running(deliver, tick=10.0):
+        await eventually(lambda: holds(len(delivered) == 3), within=5)
+    assert [t for t in delivered if t != "another session"] == ["first", "second"]
+
+
+@pytest.mark.parametrize("before", ["empty", "pending head", "only an error entry", "locked"])
+async def test_an_accept_indexes_its_session_as_a_full_refresh_would(
+    client: Client, before: str
+) -> None:
+    # accept.lua derives the indexes in O(1) (index_pushed): from the entry count and
+    # whether a ready score was there. After it, repair.lua (which reads everything) must
+    # find nothing to change; a session whose only entry is in error becomes ready with the
+    # new entry as its head, and is marked.
+    store, outbox = Store(client), Outbox(client, FAST)
+    k = SessionKeys("ws", "s1")
+    ready, sessions = k.script_keys()[3], k.script_keys()[4]
+    if before == "pending head":
+        await outbox.accept("ws", "s1", "u", "c0", "ahead")
+    elif before == "only an error entry":
+        await outbox.seed_entry_for_test("ws", "s1", ERROR_ENTRY.format(id="e1"))
+        await client.delete(WorkspaceKeys("ws").bucket.due)  # the seed's mark, visited
+    elif before == "locked":
+        assert await store.lock(k, "holder", 30_000, now_ms())
+    await outbox.accept("ws", "s1", "u", "c1", "new")
+
+    async def indexes() -> tuple[float | None, bool]:
+        score: float | None = await client.zscore(ready, "s1")
+        return score, bool(await client.sismember(sessions, "s1"))
+
+    incremental = await indexes()
+    await store.repair(k, now_ms())
+    full = await indexes()
+    assert incremental[1] is full[1] is True
+    if before == "locked":  # repair re-derives the lease expiry from the lock's PTTL
+        assert incremental[0] is not None and full[0] is not None
+        assert abs(incremental[0] - full[0]) < 2_000
+    else:
+        assert incremental[0] == full[0] == 0  # due at once
+    if before == "only an error entry":
+        assert await score_of(client, "ws") is not None

@@ -59,7 +59,8 @@ async def test_the_round_trip_benchmark_runs(valkey_server: EmbeddedValkey) -> N
     """bench/roundtrips.py's parts, tiny (the benchmark proper is ``make bench``)."""
     assert await raw_rate(valkey_server.url, 2, 0.2) > 0
     run = await run_backlog(valkey_server.url, sessions=2, per_session=3, concurrency=2)
-    # At least one round trip per accept and two per delivery; a new connection's handshake
-    # and the run loop's start come on top (the benchmark subtracts them between two sizes).
-    assert run.prompts == 6 and 6 <= run.accept_trips <= 6 + 4
+    # At most one round trip per accept (the two sessions' accepts may share one: level none
+    # auto-pipelines them) and at least two per delivery; a new connection's handshake and
+    # the run loop's start come on top (the benchmark subtracts them between two sizes).
+    assert run.prompts == 6 and 6 // 2 <= run.accept_trips <= 6 + 4
     assert 2 * 6 <= run.deliver_trips <= 2 * 6 + 2 * FIXED

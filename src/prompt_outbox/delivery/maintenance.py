@@ -101,7 +101,8 @@ class Maintenance:
             for k in found.sessions:
                 await self.store.repair(k, now_ms)
             if not await self.store.due.remark(found.workspace) and found.sessions:
-                # Entries, none due or owed: only a writer (who marks) can change that. One
+                # Entries, none due or owed: only a writer that makes work due sooner (and
+                # so marks; an accept behind a ready session does not) can change that. One
                 # with work is repaired every pass (deliveries change it unmarked), an empty
                 # one until it is pruned.
                 quiet[found.workspace.ws] = found.generation  # as read BEFORE the repair

@@ -11,7 +11,8 @@ that keeps this safe is the seed's stage-out ordering, applied to an index.
 - A writer whose transition may make work due sooner marks BEFORE it (``mark``: ZADD LT, a new
   generation in the bucket's registry, and one more pending writer) and AFTER it (one fewer),
   with the wake-up. A crash before the transition leaves a stale mark (one empty visit); a
-  crash after it leaves the first mark.
+  crash after it leaves the first mark. On a standalone server every key is on one server, so
+  the transition and its mark run as one script instead (``in_script``): nothing to order.
 - A holder letting a lock go (release, a drain's last acquire) marks ALONE after, when its
   script says its session's work moved earlier. While a lock is held the mark is no later
   than its lease expiry (the loop put it there), so a crash before that mark costs at most a
@@ -64,18 +65,6 @@ class Visit:
     """When the earliest owed OnDelivered call falls due (``outboxnotifydue:{ws}``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ScriptCall:
-    """One script call, ready to run alone or to be pipelined."""
-
-    script: AsyncScript
-    keys: list[str]
-    args: list[Any]
-
-    async def __call__(self) -> Any:
-        return await self.script(keys=self.keys, args=self.args)
-
-
 def _scored(rows: Sequence[Any]) -> list[tuple[str, int]]:
     return [(text(member), int(score)) for member, score in rows]
 
@@ -100,17 +89,21 @@ class DueIndex:
 
     # -- writers ---------------------------------------------------------------------------
 
-    def mark_call(self, ws: str, by_ms: int, kind: MarkKind) -> ScriptCall:
-        """One mark, unsent (the Store pipelines it around a transition)."""
+    @staticmethod
+    def in_script(ws: str, by_ms: int) -> tuple[list[str], list[Any]]:
+        """The KEYS and ARGV that a ``<name>_marked`` script takes after its transition's own
+        (``lua/marked.lua``): the transition and its mark as one script."""
         b = WorkspaceKeys(ws).bucket
-        return ScriptCall(self._scripts["mark"], b.script_keys(), [ws, by_ms, kind, b.wake])
+        return b.script_keys(), [ws, by_ms, b.wake]
 
     async def mark(self, ws: str, by_ms: int, kind: MarkKind = "alone") -> None:
         """Some loop must visit ``ws`` by ``by_ms`` (only ever lowers a mark). ``before`` a
         transition that may not land, ``after`` it (closing that ``before``), or ``alone``
         for a change already in place; the last two publish the workspace, so idle loops
         look at once."""
-        parse(Ok, await self.mark_call(ws, by_ms, kind)())
+        b = WorkspaceKeys(ws).bucket
+        args: list[str | int] = [ws, by_ms, kind, b.wake]
+        parse(Ok, await self._scripts["mark"](keys=b.script_keys(), args=args))
 
     # -- the run loop ----------------------------------------------------------------------
 

@@ -26,6 +26,10 @@ NAMES = (
     "take_notices",
 )
 
+MARKED = ("accept", "replace", "seed")
+"""Transitions that may make work due sooner. On a standalone server each also runs as
+``<name>_marked``: the transition and its due mark in one script (``lua/marked.lua``)."""
+
 
 def _read(name: str) -> str:
     return (resources.files(__package__) / "lua" / f"{name}.lua").read_text()
@@ -41,4 +45,9 @@ def prelude(event_log_len: int, event_log_ttl_ms: int) -> str:
 def sources(event_log_len: int, event_log_ttl_ms: int) -> dict[str, str]:
     """Every script's full source: the prelude, then its own file."""
     head = prelude(event_log_len, event_log_ttl_ms)
-    return {name: head + "\n" + _read(name) for name in NAMES}
+    out = {name: head + "\n" + _read(name) for name in NAMES}
+    for name in MARKED:
+        # The transition's file as a function of its own KEYS and ARGV, then the mark.
+        body = f"local function transition(KEYS, ARGV)\n{_read(name)}\nend\n"
+        out[f"{name}_marked"] = head + "\n" + body + _read("marked")
+    return out

@@ -21,7 +21,7 @@ from ..core.keys import SessionKeys, WorkspaceKeys
 from . import replies, waitaof
 from .autopipe import AutoPipeline
 from .client import Client
-from .dueindex import DueIndex, ScriptCall
+from .dueindex import DueIndex
 from .replies import (
     Accept,
     Accepted,
@@ -123,46 +123,36 @@ class Store:
         args: Sequence[Any],
         tail: Sequence[tuple[Any, ...]] = (),
     ) -> tuple[Any, list[Any]]:
-        """Mark the workspace due, run the script, mark it again with the wake-up: in this
-        order (dueindex.py says why). The script's reply, and the answers to ``tail``.
+        """Run a transition that may make work due sooner, with its due mark (dueindex.py
+        says why); its reply, and the answers to ``tail`` (raw commands, errors included).
 
-        On a standalone server the three ride one pipelined round trip, and ``tail`` (raw
-        commands, their answers errors included) rides after them on the same connection; a
-        transition that met NOSCRIPT (a restarted server) did not run, so loading the scripts
-        and sending again is safe (marks only ever lower); one that ran is never sent again.
-        A cluster refuses scripts in a pipeline, and the marks live in another slot than the
-        workspace: three calls, same order, and no ``tail`` (its answers are []).
-        """
-        before = self.due.mark_call(ws, now_ms, "before")
-        transition = ScriptCall(self._scripts[name], list(keys), list(args))
-        after = self.due.mark_call(ws, now_ms, "after")
+        On a standalone server the transition and its mark are one script
+        (``<name>_marked``), and ``tail`` rides after it on the same connection: a pipeline
+        that met NOSCRIPT (a restarted server) ran nothing, so it is sent again after loading.
+        A cluster keeps the marks in other slots than the workspace and refuses scripts in a
+        pipeline: mark before, run, mark after, in that order, and no ``tail`` (answers [])."""
         if isinstance(self.client, ValkeyCluster):
-            await before()
-            reply = await transition()
-            await after()
+            await self.due.mark(ws, now_ms, "before")
+            reply = await self._run(name, keys, args)
+            await self.due.mark(ws, now_ms, "after")
             return reply, []
-        calls = (before, transition, after)
+        mark_keys, mark_args = self.due.in_script(ws, now_ms)
+        keys, args = [*keys, *mark_keys], [*args, *mark_args]
+        if not tail:
+            return await self._run(f"{name}_marked", keys, args), []
+        script = self._scripts[f"{name}_marked"]
         for attempt in (1, 2):
             pipe = self.client.pipeline(transaction=False)
-            for call in calls:
-                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
             for command in tail:
                 pipe.execute_command(*command)
             answers = await pipe.execute(raise_on_error=False)
-            if attempt == 1 and isinstance(answers[1], NoScriptError):
-                # The transition did not run: load every script and send it all again.
+            if attempt == 1 and isinstance(answers[0], NoScriptError):
                 await self.load_scripts()
                 continue
-            # The transition ran (or failed by itself): never send it twice. A mark that met
-            # NOSCRIPT (another client loaded only some scripts) is redone alone: the first
-            # one late, which the second one covers.
-            for i, call in ((0, before), (2, after)):
-                if isinstance(answers[i], NoScriptError):
-                    answers[i] = await call()
-            for answer in answers[:3]:
-                if isinstance(answer, Exception):
-                    raise answer
-            return answers[1], answers[3:]
+            if isinstance(answers[0], Exception):
+                raise answers[0]
+            return answers[0], answers[1:]
         raise AssertionError("unreachable")
 
     # -- transitions -----------------------------------------------------------------------
@@ -179,21 +169,23 @@ class Store:
         wait: waitaof.WaitAof | None = None,
     ) -> Accepted:
         """Dedupe, cap, push, then the marker (accept.lua), marked due and announced. With
-        ``wait``, then WAITAOF for the accept (or for the first accept of a DUPLICATE)."""
+        ``wait``, then WAITAOF for the accept (or for the first accept of a DUPLICATE): on a
+        standalone server in the accept's own pipeline, the duplicate's marker written again
+        so the wait covers the first accept (waitaof.py); on a cluster as a pair of its own."""
         marker = k.dedupe(cmid)
-        confirm = self._scripts["confirm"]
-        tail = waitaof.tail(confirm, marker, wait) if wait is not None else []
+        alone = isinstance(self.client, ValkeyCluster)
+        tail = wait.commands() if wait is not None and not alone else []
         keys = [*k.script_keys(), marker]
-        args = [k.ses, entry, entry_id, cap, ttl_ms, now_ms]
+        args = [k.ses, entry, entry_id, cap, ttl_ms, 1 if tail else 0]
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
         first = text(rest[0]) if outcome is Accept.DUPLICATE else ""
         if wait is None or outcome is Accept.FULL:
             return Accepted(outcome, first)
-        if answers and not waitaof.redirected(answers):
-            seen = waitaof.confirmation(answers)
-        else:  # a cluster, or the pair met an emptied script cache
-            seen = await waitaof.confirm(self.client, confirm, marker, wait)
+        if answers:
+            seen = waitaof.waited(first or entry_id, answers)
+        else:
+            seen = await waitaof.confirm(self.client, self._scripts["confirm"], marker, wait)
         return Accepted(outcome, first, seen)
 
     async def acquire(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> Acquired:

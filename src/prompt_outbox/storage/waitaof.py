@@ -7,9 +7,11 @@ accept: ``confirm.lua`` writes the accept's dedupe marker again (same value, sam
 just before it. Each server's AOF and replication stream are in order, so once that write is
 fsynced, the accept is too, whoever wrote it (a duplicate's first accept included).
 
-On a standalone server the pair rides the accept's own pipeline (no extra round trip). A
-cluster client refuses scripts in a pipeline and spreads calls over pooled connections, so
-there the pair is its own two-command pipeline aimed at the node that owns the marker's slot.
+On a standalone server no pair is needed: accept.lua itself writes a duplicate's marker
+again (an accept that pushed has written anyway), and the wait rides the accept's own
+pipeline (no extra round trip). A cluster client refuses scripts in a pipeline and spreads
+calls over pooled connections, so there the pair is its own two-command pipeline aimed at the
+node that owns the marker's slot.
 """
 
 from __future__ import annotations
@@ -79,20 +81,22 @@ class WaitAof:
         return ""
 
 
-def confirmation(answers: list[Any]) -> Confirmation:
-    """The typed value of the answers to confirm.lua and the wait; any may be an error."""
+def waited(marker_id: str, answers: list[Any]) -> Confirmation:
+    """What the wait's answers saw (any may be an error), after a write that left the
+    marker naming ``marker_id``."""
     for answer in answers:
         if isinstance(answer, Exception):
             return Confirmation("", error=f"{type(answer).__name__}: {answer}")
-    word, rest = parse(Confirm, answers[0])
     local, replicas = (int(n) for n in answers[-1])
-    return Confirmation(text(rest[0]) if word is Confirm.OK else "", local, replicas)
+    return Confirmation(marker_id, local, replicas)
 
 
-def tail(confirm: AsyncScript, marker: str, wait: WaitAof) -> list[tuple[Any, ...]]:
-    """The confirm and the wait as raw commands, for a standalone pipeline that wrote the
-    accept."""
-    return [("EVALSHA", confirm.sha, 1, marker), *wait.commands()]
+def confirmation(answers: list[Any]) -> Confirmation:
+    """The typed value of the answers to confirm.lua and the wait; any may be an error."""
+    if isinstance(answers[0], Exception):
+        return waited("", answers[:1])
+    word, rest = parse(Confirm, answers[0])
+    return waited(text(rest[0]) if word is Confirm.OK else "", answers[1:])
 
 
 def redirected(answers: list[Any]) -> bool:

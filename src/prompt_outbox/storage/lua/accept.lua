@@ -10,23 +10,33 @@
     ARGV[3]    entry ID
     ARGV[4]    cap: queued plus staged entries allowed
     ARGV[5]    dedupe TTL, ms
-    ARGV[6]    now, ms
+    ARGV[6]    1: a WAITAOF follows on this connection; a duplicate writes its marker again
+               (same value, same expiry), as confirm.lua does, so the wait covers the
+               first accept too. 0: a duplicate writes nothing.
 
   Output:
-    {'ok'}                 pushed, marker set
-    {'duplicate', id}      the marker names the first accept's entry ID; nothing written
+    {'ok'}                 pushed, marker set; and a second value, true, when the session was
+                           ready already (a holder, staging or a blocking head: the entry waits
+                           behind them), so no work became due sooner (marked.lua skips the mark)
+    {'duplicate', id}      the marker names the first accept's entry ID; nothing written but the
+                           marker again (ARGV[6])
     {'full', n}            the session holds n >= cap entries; nothing written
+    A duplicate and a full answer also return true second: no work became due sooner.
 
   Events: accepted.
 ]]
 local ses, entry, id = ARGV[1], ARGV[2], ARGV[3]
-local cap, ttl, now = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local cap, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local prev = redis.call('GET', KEYS[8])
-if prev then return {'duplicate', prev} end
+if prev then
+  if ARGV[6] == '1' then redis.call('SET', KEYS[8], prev, 'KEEPTTL') end
+  return {'duplicate', prev}, true
+end
 local n = redis.call('LLEN', KEYS[Q]) + redis.call('LLEN', KEYS[D])
-if n >= cap then return {'full', n} end
+if n >= cap then return {'full', n}, true end
 redis.call('RPUSH', KEYS[Q], entry)
 emit(KEYS, 'accepted', id, entry)
 redis.call('SET', KEYS[8], id, 'PX', ttl)
-refresh_head(KEYS, ses, now)
-return {'ok'}
+-- A new entry has no nextAttemptAt: due at once (0) once it is the head.
+local readied = index_pushed(KEYS, ses, n, 0)
+return {'ok'}, not readied

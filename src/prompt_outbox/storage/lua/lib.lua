@@ -245,6 +245,17 @@ local function refresh_head(K, ses, now)
   index(K, ses, now, due)
 end
 
+-- index() for an entry just pushed at the queue's tail, due at `due` were it the delivery
+-- head, in O(1) (accept.lua). n: the session's entries before the push. Every script leaves
+-- the indexes exact, so a session that held entries is in SESSIONS already, and one with a
+-- ready score (a holder's lease, staging to recover, or a blocking head) keeps it: the new
+-- entry waits behind. One without has no holder, nothing staged and no blocking entry, so the
+-- new entry is its delivery head. Returns true when that made the session ready.
+local function index_pushed(K, ses, n, due)
+  if n == 0 then redis.call('SADD', K[SESSIONS], ses) end
+  return redis.call('ZADD', K[READY], 'NX', due, ses) == 1
+end
+
 -- What the session needs now, for a caller that holds its lock or found it free (acquire.lua,
 -- and complete.lua when the completer asks for its next step in the same call): the reply
 -- acquire.lua documents, without 'busy'. cur: the lock's value as read (nil when free).
@@ -265,4 +276,34 @@ local function next_step(K, ses, lockval, lease, now, cur)
   refresh_head(K, ses, now)
   if raw then return {'wait', lowered(K, ses, before)} end
   return {'idle', lowered(K, ses, before)}
+end
+
+-- The due index (storage/dueindex.py): the workspace ws must be visited by a run loop no later
+-- than `by` (ms). MK: the bucket's due index, registry and pending writers. kind: 'before' a
+-- transition, 'after' it (closing that 'before'), or 'alone' (a change already in place,
+-- or made in this same script). A mark only ever lowers (ZADD LT); 'after' and 'alone' also
+-- publish the workspace on the bucket's wake channel, so idle loops look at once.
+local function mark_due(MK, ws, by, kind, wake)
+  redis.call('ZADD', MK[1], 'LT', by, ws)
+  -- The generation: the server's clock in microseconds, strictly increasing per workspace, so
+  -- a run loop can tell "no writer since I read it".
+  local t = redis.call('TIME')
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local prev = tonumber(redis.call('HGET', MK[2], ws) or '0')
+  if now_us <= prev then now_us = prev + 1 end
+  redis.call('HSET', MK[2], ws, string.format('%d', now_us))
+  local raw = redis.call('HGET', MK[3], ws)
+  local n = raw and tonumber(string.match(raw, '^(%d+):')) or 0
+  if kind == 'before' then
+    redis.call('HSET', MK[3], ws, string.format('%d:%d', n + 1, now_us))
+    return
+  end
+  if kind == 'after' and raw then
+    if n <= 1 then
+      redis.call('HDEL', MK[3], ws)
+    else
+      redis.call('HSET', MK[3], ws, string.format('%d:%s', n - 1, string.match(raw, ':(%d+)$')))
+    end
+  end
+  redis.call('SPUBLISH', wake, ws)
 end

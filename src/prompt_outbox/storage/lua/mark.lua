@@ -20,27 +20,5 @@
 
   Events: none (a wake-up message, SPUBLISH, for 'after' and 'alone').
 ]]
-local ws, kind = ARGV[1], ARGV[3]
-redis.call('ZADD', KEYS[1], 'LT', tonumber(ARGV[2]), ws)
--- The generation: the server's clock in microseconds, strictly increasing per workspace, so a
--- run loop can tell "no writer since I read it".
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local prev = tonumber(redis.call('HGET', KEYS[2], ws) or '0')
-if now_us <= prev then now_us = prev + 1 end
-redis.call('HSET', KEYS[2], ws, string.format('%d', now_us))
-local raw = redis.call('HGET', KEYS[3], ws)
-local n = raw and tonumber(string.match(raw, '^(%d+):')) or 0
-if kind == 'before' then
-  redis.call('HSET', KEYS[3], ws, string.format('%d:%d', n + 1, now_us))
-  return {'ok'}
-end
-if kind == 'after' and raw then
-  if n <= 1 then
-    redis.call('HDEL', KEYS[3], ws)
-  else
-    redis.call('HSET', KEYS[3], ws, string.format('%d:%s', n - 1, string.match(raw, ':(%d+)$')))
-  end
-end
-redis.call('SPUBLISH', ARGV[4], ws)
+mark_due(KEYS, ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4])
 return {'ok'}
