@@ -20,7 +20,7 @@ import valkey.asyncio as valkey_async
 
 from prompt_outbox.core.keys import session_keys
 from prompt_outbox.core.timeutil import to_ms, utcnow
-from prompt_outbox.delivery.lease import kept, new_lock_value
+from prompt_outbox.delivery.lease import Kept, new_lock_value
 from prompt_outbox.storage.store import Store
 from tests.conftest import eventually
 
@@ -41,7 +41,7 @@ async def test_the_lease_keeper_always_stops_when_its_body_ends(
     for _ in range(200):
         lockval = new_lock_value(utcnow())
         assert await store.lock(k, lockval, LEASE_MS, now_ms())
-        lease = kept(store, k, lockval, lease_ms=LEASE_MS, every=EVERY, ceiling=60.0, now_ms=now_ms)
+        lease = Kept(store, k, lockval, lease_ms=LEASE_MS, every=EVERY, ceiling=60.0, now_ms=now_ms)
         await lease.__aenter__()
         await asyncio.sleep(rng.uniform(0, 4 * EVERY))
         # The bug froze here for lock_ttl; the bound only turns a hang into a failure.
@@ -59,7 +59,7 @@ async def test_the_lease_keeper_renews_while_the_body_runs(client: valkey_async.
     lockval = new_lock_value(utcnow())
     assert await store.lock(k, lockval, LEASE_MS, now_ms())
     first = await client.pexpiretime(k.lock)
-    async with kept(store, k, lockval, lease_ms=LEASE_MS, every=EVERY, ceiling=60.0, now_ms=now_ms):
+    async with Kept(store, k, lockval, lease_ms=LEASE_MS, every=EVERY, ceiling=60.0, now_ms=now_ms):
 
         async def renewed() -> bool:
             return int(await client.pexpiretime(k.lock)) > first

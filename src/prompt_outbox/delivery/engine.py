@@ -27,7 +27,7 @@ from ..core.timeutil import Clock, to_ms
 from ..storage.replies import Acquire, Acquired, Claim, Replace, Write
 from ..storage.store import TRANSIENT_ERRORS, Store, notice_member
 from .forgets import Forgets
-from .lease import kept, new_lock_value
+from .lease import Kept, new_lock_value
 from .tasks import never
 
 log = logging.getLogger("prompt_outbox")
@@ -285,7 +285,7 @@ class Engine:
     def lease(self, k: SessionKeys, lockval: str) -> contextlib.AbstractAsyncContextManager[None]:
         """Keep the session's lease renewed while the body runs (up to ``lock_ttl``)."""
         t = self.tunables
-        return kept(
+        return Kept(
             self.store,
             k,
             lockval,

@@ -4,11 +4,10 @@ renews it while a send, a verification or a sweep runs."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import datetime
 
 from ..core.keys import SessionKeys
@@ -33,55 +32,74 @@ def held_for(lock_value: str, pttl_ms: int, now: datetime, lock_ttl: float) -> f
     return max(0.0, lock_ttl - pttl_ms / 1000)
 
 
-@contextlib.asynccontextmanager
-async def kept(
-    store: Store,
-    k: SessionKeys,
-    lockval: str,
-    *,
-    lease_ms: int,
-    every: float,
-    ceiling: float,
-    now_ms: Callable[[], int],
-) -> AsyncIterator[None]:
+class Kept:
     """Renew the lease (to ``lease_ms``) every ``every`` seconds while the body runs, for at
     most ``ceiling`` seconds in all (``lock_ttl``: the hard bound on one hold).
 
     A timer, not a task per delivery: most deliveries end long before the first renewal,
-    and then the lease costs one timer handle. A renewal that started runs to its end: it is
-    never cancelled (valkey-py 6.2 can swallow a CancelledError that lands inside a command,
-    and a keeper that missed its cancel went on renewing for lock_ttl, freezing the session:
-    tests/test_lease.py); the exit waits for it, and no timer follows it."""
-    loop = asyncio.get_running_loop()
-    started = time.monotonic()
-    timer: asyncio.TimerHandle | None = None
-    renewing: asyncio.Task[None] | None = None
-    stopped = False
+    and then the lease costs one timer handle. (A class, not a generator context manager:
+    this runs once per delivery, and the generator's machinery cost as much as the timer.)
+    A renewal that started runs to its end: it is never cancelled (valkey-py 6.2 can swallow
+    a CancelledError that lands inside a command, and a keeper that missed its cancel went on
+    renewing for lock_ttl, freezing the session: tests/test_lease.py); the exit waits for
+    it, and no timer follows it."""
 
-    def schedule() -> None:
-        nonlocal timer
-        if not stopped and time.monotonic() - started < ceiling:
-            timer = loop.call_later(every, start_renewal)
+    __slots__ = (
+        "_ceiling",
+        "_every",
+        "_k",
+        "_lease_ms",
+        "_lockval",
+        "_now_ms",
+        "_renewing",
+        "_started",
+        "_stopped",
+        "_store",
+        "_timer",
+    )
 
-    def start_renewal() -> None:
-        nonlocal renewing
-        renewing = asyncio.create_task(renew())
+    def __init__(
+        self,
+        store: Store,
+        k: SessionKeys,
+        lockval: str,
+        *,
+        lease_ms: int,
+        every: float,
+        ceiling: float,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self._store, self._k, self._lockval = store, k, lockval
+        self._lease_ms, self._every, self._ceiling, self._now_ms = lease_ms, every, ceiling, now_ms
+        self._started = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._renewing: asyncio.Task[None] | None = None
+        self._stopped = False
 
-    async def renew() -> None:
+    async def __aenter__(self) -> None:
+        self._started = time.monotonic()
+        self._schedule()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._renewing is not None:
+            await asyncio.shield(self._renewing)  # at most one renew call to finish
+
+    def _schedule(self) -> None:
+        if not self._stopped and time.monotonic() - self._started < self._ceiling:
+            self._timer = asyncio.get_running_loop().call_later(self._every, self._start_renewal)
+
+    def _start_renewal(self) -> None:
+        self._renewing = asyncio.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        k = self._k
         try:
-            if not await store.renew(k, lockval, lease_ms, now_ms()):
+            if not await self._store.renew(k, self._lockval, self._lease_ms, self._now_ms()):
                 log.warning("lease lost mid-delivery", extra={"ws": k.ws, "ses": k.ses})
                 return
         except TRANSIENT_ERRORS as exc:
             log.warning("lease renewal failed: %s", exc, extra={"ws": k.ws, "ses": k.ses})
-        schedule()
-
-    schedule()
-    try:
-        yield
-    finally:
-        stopped = True
-        if timer is not None:
-            timer.cancel()
-        if renewing is not None:
-            await asyncio.shield(renewing)  # at most one renew call to finish
+        self._schedule()
