@@ -10,6 +10,7 @@ from valkey.exceptions import ResponseError
 from prompt_outbox import (
     Duplicate,
     Entry,
+    IdempotencyKeyReused,
     InvalidEventId,
     InvalidId,
     InvalidInput,
@@ -37,7 +38,7 @@ async def test_accept_then_list_in_fifo_order(outbox: Outbox) -> None:
 async def test_duplicate_carries_first_id_and_adds_nothing(outbox: Outbox) -> None:
     first = await outbox.accept("ws", "s1", "u", "same", "hello")
     with pytest.raises(Duplicate) as dup:
-        await outbox.accept("ws", "s1", "u", "same", "hello again")
+        await outbox.accept("ws", "s1", "u", "same", "hello")
     assert dup.value.accepted_id == first.id
     assert [e.id for e in await outbox.list("ws", "s1")] == [first.id]
     # The same clientMessageID in another session is another message.
@@ -47,8 +48,50 @@ async def test_duplicate_carries_first_id_and_adds_nothing(outbox: Outbox) -> No
 
 async def test_dedupe_marker_lives_dedupe_ttl(outbox: Outbox, client: valkey_async.Valkey) -> None:
     await outbox.accept("ws", "s1", "u", "c1", "hello")
-    pttl = await client.pttl(SessionKeys("ws", "s1").dedupe("c1"))
-    assert FAST.dedupe_ttl * 1000 - 2000 < pttl <= FAST.dedupe_ttl * 1000
+    k = SessionKeys("ws", "s1")
+    for key in (k.dedupe("c1"), k.fingerprint("c1")):  # the fingerprint beside it, as long
+        pttl = await client.pttl(key)
+        assert FAST.dedupe_ttl * 1000 - 2000 < pttl <= FAST.dedupe_ttl * 1000
+
+
+@pytest.mark.parametrize(
+    ("text", "model"),
+    [("another text", None), ("hello", '{"id":"m2"}'), ("hello", '{"id": "m1"}')],
+    ids=["text", "model", "model bytes"],
+)
+async def test_a_key_reused_for_another_payload_is_refused_and_writes_nothing(
+    outbox: Outbox, client: valkey_async.Valkey, text: str, model: str | None
+) -> None:
+    # A client bug (one clientMessageID, two prompts) must not lose the second prompt behind
+    # a duplicate's answer: it is refused, naming the first entry, and nothing changes.
+    first = await outbox.accept("ws", "s1", "u", "key", "hello", '{"id":"m1"}')
+    k = SessionKeys("ws", "s1")
+    before = [await client.get(k.dedupe("key")), await client.get(k.fingerprint("key"))]
+    log_before = await client.xlen(k.events)
+    with pytest.raises(IdempotencyKeyReused) as reused:
+        await outbox.accept("ws", "s1", "u", "key", text, model)
+    assert reused.value.accepted_id == first.id
+    assert [e.id for e in await outbox.list("ws", "s1")] == [first.id]
+    assert [await client.get(k.dedupe("key")), await client.get(k.fingerprint("key"))] == before
+    assert await client.xlen(k.events) == log_before
+    # The same payload is still a duplicate; JSON null is no model, as it was accepted.
+    with pytest.raises(Duplicate):
+        await outbox.accept("ws", "s1", "u", "key", "hello", ' {"id":"m1"} ')
+    await outbox.accept("ws", "s1", "u", "plain", "hi")
+    with pytest.raises(Duplicate):
+        await outbox.accept("ws", "s1", "u", "plain", "hi", "null")
+
+
+async def test_a_marker_written_before_fingerprints_still_dedupes_any_payload(
+    outbox: Outbox, client: valkey_async.Valkey
+) -> None:
+    # Markers that a version without fingerprints wrote (up to dedupe_ttl old) carry none:
+    # a retry is then a duplicate whatever its payload, as it was.
+    first = await outbox.accept("ws", "s1", "u", "old", "hello")
+    await client.delete(SessionKeys("ws", "s1").fingerprint("old"))
+    with pytest.raises(Duplicate) as dup:
+        await outbox.accept("ws", "s1", "u", "old", "another text")
+    assert dup.value.accepted_id == first.id
 
 
 async def test_cap_raises_outbox_full_and_writes_no_marker(

@@ -68,6 +68,36 @@ async def test_accept_list_and_duplicate(http: httpx.AsyncClient, outbox: Outbox
     assert [e["id"] for e in listed.json()["entries"]] == [first["id"]]
 
 
+async def test_the_idempotency_key_header(http: httpx.AsyncClient, outbox: Outbox) -> None:
+    # draft-ietf-httpapi-idempotency-key-header: the key as a header (a quoted sf-string or
+    # bare), a replay answered 200 with Idempotent-Replayed, a reuse for another payload 422.
+    key = {**ALICE, "Idempotency-Key": '"8e03978e-40d5-43e8-bc93-6894a57f9324"'}
+    r = await http.post(URL, content='{"text":"hello"}', headers=key)
+    assert r.status_code == 202 and "Idempotent-Replayed" not in r.headers, r.text
+    first = r.json()["id"]
+    [entry] = await outbox.list("acme", "chat-1")
+    assert (entry.id, entry.client_message_id) == (first, "8e03978e-40d5-43e8-bc93-6894a57f9324")
+    bare = {**ALICE, "Idempotency-Key": "8e03978e-40d5-43e8-bc93-6894a57f9324"}
+    body = '{"clientMessageID":"8e03978e-40d5-43e8-bc93-6894a57f9324","text":"hello"}'
+    for headers, content in ((key, '{"text":"hello"}'), (bare, body), (ALICE, body)):
+        replay = await http.post(URL, content=content, headers=headers)
+        assert (replay.status_code, replay.json()) == (200, {"id": first, "duplicate": True})
+        assert replay.headers["Idempotent-Replayed"] == "true"
+    reused = await http.post(URL, content='{"text":"hello","model":{"id":"x"}}', headers=bare)
+    assert reused.status_code == 422
+    assert (reused.json()["error"], reused.json()["id"]) == ("idempotency_key_reused", first)
+    mismatch = await http.post(URL, content='{"clientMessageID":"other","text":"x"}', headers=key)
+    assert (mismatch.status_code, mismatch.json()["error"]) == (400, "idempotency_key_mismatch")
+    for bad in ('"unterminated', "two words", '""', "x" * 257):
+        refused = await http.post(
+            URL, content='{"text":"x"}', headers={**ALICE, "Idempotency-Key": bad}
+        )
+        assert (refused.status_code, refused.json()["error"]) == (400, "invalid_idempotency_key")
+    neither = await http.post(URL, content='{"text":"x"}', headers=ALICE)
+    assert (neither.status_code, neither.json()["error"]) == (422, "invalid_request")
+    assert [e.id for e in await outbox.list("acme", "chat-1")] == [first]
+
+
 async def test_user_id_comes_from_the_token_not_the_body(
     http: httpx.AsyncClient, outbox: Outbox
 ) -> None:
@@ -236,6 +266,11 @@ async def test_the_fast_accept_path_and_the_fastapi_route_answer_alike(outbox: O
         (URL, ALICE, b'{"clientMessageID":"f3"}'),
         (URL, ALICE, b'{"clientMessageID":"f4","text":"x","model":"not an object"}'),
         (URL, ALICE, b"x" * 2_000_000),
+        (URL, {**ALICE, "Idempotency-Key": '"k1"'}, b'{"text":"hi"}'),
+        (URL, {**ALICE, "Idempotency-Key": "k1"}, b'{"text":"hi"}'),  # the replay
+        (URL, {**ALICE, "Idempotency-Key": "k1"}, b'{"text":"other"}'),  # reused
+        (URL, {**ALICE, "Idempotency-Key": "k2"}, b'{"clientMessageID":"k3","text":"x"}'),
+        (URL, {**ALICE, "Idempotency-Key": "no spaces"}, b'{"text":"x"}'),
     ]
 
     async def answers(root: str, session: str) -> list[tuple[int, Any]]:
@@ -249,10 +284,12 @@ async def test_the_fast_accept_path_and_the_fastapi_route_answer_alike(outbox: O
                 doc = r.json()
                 if isinstance(doc, dict):
                     doc.pop("id", None)  # each side accepts its own entry
+                    doc["replayed"] = r.headers.get("Idempotent-Replayed")
                 out.append((r.status_code, doc))
         return out
 
     fast, routed = await answers("", "fast-side"), await answers("/base", "routed-side")
     assert fast == routed
     statuses = [status for status, _ in fast]
-    assert statuses == [202, 200, 401, 403, 400, 400, 422, 202, 413], fast
+    assert statuses == [202, 200, 401, 403, 400, 400, 422, 202, 413, 202, 200, 422, 400, 400], fast
+    assert [doc["replayed"] for _, doc in fast if isinstance(doc, dict)].count("true") == 2

@@ -17,6 +17,7 @@ from .core.entry import Entry, Status
 from .core.errors import (
     AmbiguousError,
     Duplicate,
+    IdempotencyKeyReused,
     InvalidEventId,
     InvalidId,
     InvalidInput,
@@ -59,6 +60,7 @@ __all__ = [
     "FeedLimits",
     "FellBehind",
     "Hook",
+    "IdempotencyKeyReused",
     "InvalidEventId",
     "InvalidId",
     "InvalidInput",

@@ -22,13 +22,13 @@ from .core.callbacks import (
     Wiring,
 )
 from .core.entry import Entry, Status, decode_entry
-from .core.errors import Duplicate, NotDurable, OutboxFull
+from .core.errors import Duplicate, IdempotencyKeyReused, NotDurable, OutboxFull
 from .core.events import QueueEvent, QueueReset, missed_events, parse_event_id
 from .core.keys import check_client_message_id, session_keys
 from .core.metrics import Metrics
 from .core.settings import Tunables
 from .core.timeutil import Clock, to_ms, utcnow
-from .core.validate import check_model, check_text, check_user_id
+from .core.validate import check_model, check_text, check_user_id, payload_fingerprint
 from .delivery.engine import Engine
 from .delivery.lease import held_for
 from .delivery.maintenance import Maintenance
@@ -141,9 +141,10 @@ class Outbox:
         """Persist a prompt for delivery; returns the entry (status pending).
 
         Raises ``Duplicate`` (with the first accept's ID) when the clientMessageID was accepted
-        within ``dedupe_ttl``, ``OutboxFull`` at ``cap``, ``ValueError`` (an ``InvalidInput``)
-        for bad input. The dedupe marker is written only after the push, in the same script:
-        never half-written.
+        within ``dedupe_ttl`` with the same text and model, ``IdempotencyKeyReused`` (with it
+        too, nothing written) when it was accepted with another text or model, ``OutboxFull``
+        at ``cap``, ``ValueError`` (an ``InvalidInput``) for bad input. The dedupe marker is
+        written only after the push, in the same script: never half-written.
 
         Returns (or raises ``Duplicate``) once the entry is as durable as
         ``accept_durability`` asks (see ``check_durability``); ``NotDurable`` when the wait
@@ -162,6 +163,7 @@ class Outbox:
             model=check_model(model),
             accepted_at=now,
         )
+        fingerprint = payload_fingerprint(text, entry.model)
         t = self.tunables
         if self._durability is None:
             await self.check_durability()
@@ -169,6 +171,7 @@ class Outbox:
         reply = await self._store.accept(
             k,
             cmid,
+            fingerprint,
             entry.to_json(),
             entry.id,
             t.cap,
@@ -179,6 +182,9 @@ class Outbox:
         if reply.outcome is Accept.FULL:
             self.metrics.refused_full.inc()
             raise OutboxFull(t.cap)
+        if reply.outcome is Accept.REUSED:
+            self.metrics.refused_reused.inc()
+            raise IdempotencyKeyReused(reply.accepted_id)
         written = reply.accepted_id or entry.id
         if reply.outcome is Accept.OK:
             self.metrics.accepted.inc()

@@ -33,7 +33,7 @@ def backoff(base: float, cap: float, n: int) -> float:
 class Model:
     t: Tunables
     entries: list[MEntry] = field(default_factory=list)  # the queue, in accept order
-    dedupe: dict[str, str] = field(default_factory=dict)
+    dedupe: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> first id, text
     delivered: list[str] = field(default_factory=list)  # OnDelivered, in order
     staged: MEntry | None = None  # taken out for a send by a worker that then died
     locked: bool = False  # a dead worker's lease has not lapsed yet: the session is busy
@@ -43,15 +43,17 @@ class Model:
         """List's view: the staged (delivering) entry first, then the queue."""
         return ([self.staged] if self.staged else []) + self.entries
 
-    def accept(self, cmid: str, new_id: str) -> str:
-        """'dup:<id>', 'full' or 'ok'."""
+    def accept(self, cmid: str, new_id: str, text: str) -> str:
+        """'dup:<id>', 'reused:<id>' (the key's first accept had another text), 'full' or
+        'ok'."""
         if cmid in self.dedupe:
-            return "dup:" + self.dedupe[cmid]
+            first_id, first_text = self.dedupe[cmid]
+            return ("dup:" if text == first_text else "reused:") + first_id
         if len(self.listed()) >= self.t.cap:
             return "full"
         self.accepted += 1
         self.entries.append(MEntry(new_id, self.accepted))
-        self.dedupe[cmid] = new_id
+        self.dedupe[cmid] = (new_id, text)
         return "ok"
 
     def head(self, now: datetime) -> MEntry | None:

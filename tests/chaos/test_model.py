@@ -22,7 +22,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from prompt_outbox import Entry, Outbox, Tunables, Verdict, ambiguous, transient
+from prompt_outbox import (
+    Duplicate,
+    Entry,
+    IdempotencyKeyReused,
+    Outbox,
+    OutboxFull,
+    Tunables,
+    Verdict,
+    ambiguous,
+    transient,
+)
 from prompt_outbox.core.keys import session_keys
 from prompt_outbox.core.ledger import LEDGER_STATES, NO_LEDGER_ROW
 from prompt_outbox.core.machine import (
@@ -139,20 +149,24 @@ class OutboxVersusModel(RuleBasedStateMachine):
         self.run(self.client.aclose())
         self.loop.close()
 
-    @rule(repeat=st.booleans())
-    def accept(self, repeat: bool) -> None:
+    @rule(repeat=st.booleans(), other_text=st.booleans())
+    def accept(self, repeat: bool, other_text: bool) -> None:
         if not repeat or not self.cmids:
             self.cmids += 1
         cmid = f"c{self.cmids}"
+        text = "other text" if other_text else "text"  # a repeat with it reuses the key
         self.clock.advance(0.001)  # accept order is time order, as with a real clock
+        new_id = ""
         try:
-            entry = self.run(self.outbox.accept(WS, SES, "u", cmid, "text"))
+            new_id = self.run(self.outbox.accept(WS, SES, "u", cmid, text)).id
             got = "ok"
-            new_id = entry.id
-        except Exception as exc:  # Duplicate / OutboxFull
-            got = f"dup:{exc.accepted_id}" if hasattr(exc, "accepted_id") else "full"
-            new_id = ""
-        assert self.model.accept(cmid, new_id) == got
+        except Duplicate as exc:
+            got = f"dup:{exc.accepted_id}"
+        except IdempotencyKeyReused as exc:
+            got = f"reused:{exc.accepted_id}"
+        except OutboxFull:
+            got = "full"
+        assert self.model.accept(cmid, new_id, text) == got
 
     @initialize(
         stopped=st.lists(st.sampled_from(["definitive", "transient", "ambiguous"]), max_size=2),

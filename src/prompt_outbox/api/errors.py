@@ -16,7 +16,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..core.errors import InvalidId, InvalidInput, NotDurable, OutboxFull, TextTooLarge
+from ..core.errors import (
+    IdempotencyKeyReused,
+    InvalidId,
+    InvalidInput,
+    NotDurable,
+    OutboxFull,
+    TextTooLarge,
+)
 from ..core.keys import ID_PATTERN, check_id
 from ..storage.store import UNAVAILABLE
 from .params import PATH_IDS
@@ -40,19 +47,23 @@ class ErrorBody(BaseModel):
     detail: Any = Field(description="what is wrong, for a person")
     id: str | None = Field(
         default=None,
-        description="not_durable only: the entry, written but not confirmed durable; send the "
-        "prompt again with the same clientMessageID",
+        description="not_durable: the entry, written but not confirmed durable (send the "
+        "prompt again with the same clientMessageID); idempotency_key_reused: the entry the "
+        "key was first accepted as",
     )
 
 
 ERROR_WHY = {
-    400: f"bad input: an ID not matching {ID_PATTERN}, a body that is not JSON, bad values",
+    400: f"bad input: an ID not matching {ID_PATTERN}, a body that is not JSON, bad values; "
+    "for an accept, an Idempotency-Key that is not a key, or one that differs from "
+    "clientMessageID",
     401: "no valid bearer token",
     403: "the token may not use this workspace (or the route needs an admin token)",
     404: "no such entry",
     409: "a delivery holds the session; try again shortly",
     413: "the body or the text is too large",
-    422: "a field is missing or of the wrong type",
+    422: "a field is missing or of the wrong type; for an accept, idempotency_key_reused: the "
+    "key was accepted for another text or model (its id), nothing written",
     429: "the session's outbox is full (or, for events, the token holds too many streams)",
     503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
     "accept, not_durable: written (its id) but not confirmed at accept_durability in time",
@@ -96,6 +107,14 @@ async def _not_durable(_: Request, exc: NotDurable) -> Response:
     )
 
 
+async def _key_reused(_: Request, exc: IdempotencyKeyReused) -> Response:
+    # A client bug (one key, two prompts): answered, not hidden behind a duplicate's 200.
+    return JSONResponse(
+        {"error": "idempotency_key_reused", "id": exc.accepted_id, "detail": str(exc)},
+        status_code=422,
+    )
+
+
 async def _storage_down(_: Request, exc: Exception) -> Response:
     return error_response(503, "storage_unavailable", f"Valkey is unreachable: {exc}")
 
@@ -131,6 +150,7 @@ EXCEPTION_HANDLERS: dict[
     InvalidInput: _invalid_input,  # and its kinds, by their code
     OutboxFull: _outbox_full,
     NotDurable: _not_durable,
+    IdempotencyKeyReused: _key_reused,
     **dict.fromkeys(UNAVAILABLE, _storage_down),
     RequestValidationError: _invalid_request,
     StarletteHTTPException: _http_error,

@@ -72,4 +72,5 @@ class AcceptFastPath:
         caller = authenticate(state.tokens, request.headers.get("authorization", ""), ws)
         check_id(PATH_IDS["ws"], ws)
         check_id(PATH_IDS["ses"], ses)
-        return await accept_body(state.outbox, ws, ses, caller, await request.body())
+        key = request.headers.get("idempotency-key")
+        return await accept_body(state.outbox, ws, ses, caller, await request.body(), key)

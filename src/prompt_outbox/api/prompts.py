@@ -8,6 +8,7 @@ are checked by the Outbox, not here: its InvalidInput kinds become the refusals 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -28,6 +29,8 @@ from .sse import event_stream
 from .streams import GateDep, GatedStream
 
 MAX_BODY_BYTES = 2 * MAX_TEXT_BYTES  # text at the limit, JSON-escaped, plus the rest
+REPLAYED = "Idempotent-Replayed"
+_KEY = re.compile(CLIENT_MESSAGE_ID_PATTERN)
 SESSION = "/v1/workspaces/{ws}/sessions/{ses}"
 
 router = APIRouter()
@@ -36,9 +39,11 @@ router = APIRouter()
 class PromptIn(BaseModel):
     """The POST body (documentation only: the body is read raw, see the module docstring)."""
 
-    clientMessageID: str = Field(
+    clientMessageID: str | None = Field(
+        default=None,
         pattern=CLIENT_MESSAGE_ID_PATTERN,
-        description="the caller's dedupe key: 1-256 visible ASCII characters, no spaces",
+        description="the caller's idempotency key: 1-256 visible ASCII characters, no spaces. "
+        "Required unless the Idempotency-Key header carries it; both given must be equal",
     )
     text: str = Field(
         min_length=1,
@@ -65,38 +70,61 @@ def _session_busy() -> ApiError:
         }
     },
     responses={
-        200: {"model": Accepted, "description": "a duplicate: the first accept's ID"},
+        200: {
+            "model": Accepted,
+            "description": "a replay (same key, same text and model, within dedupe_ttl): the "
+            "first accept's ID",
+            "headers": {
+                REPLAYED: {"description": "always true on a replay", "schema": {"type": "string"}}
+            },
+        },
         **errors(413, 429),
     },
 )
 async def accept_prompt(
-    ws: WorkspaceId, ses: SessionId, request: Request, caller: Caller, outbox: OutboxDep
+    ws: WorkspaceId,
+    ses: SessionId,
+    request: Request,
+    caller: Caller,
+    outbox: OutboxDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="the idempotency key (draft-ietf-httpapi-idempotency-key-header), a "
+            'quoted string ("...") or bare; the same rules as clientMessageID, which it may '
+            "replace",
+        ),
+    ] = None,
 ) -> Response:
-    """Accept a prompt for delivery (202), or name the first accept of a duplicate (200)."""
+    """Accept a prompt for delivery (202), or answer a replay with the first accept's ID
+    (200, ``Idempotent-Replayed: true``). The same key with another text or model is a 422
+    ``idempotency_key_reused`` (with the first entry's ``id``), and changes nothing."""
     # ``fast.AcceptFastPath`` answers this route before FastAPI routes it; both end here.
-    return await accept_body(outbox, ws, ses, caller, await request.body())
+    return await accept_body(outbox, ws, ses, caller, await request.body(), idempotency_key)
 
 
 async def accept_body(
-    outbox: Outbox, ws: str, ses: str, caller: Principal, body: bytes
+    outbox: Outbox, ws: str, ses: str, caller: Principal, body: bytes, key: str | None
 ) -> Response:
-    """The accept route once auth and the path IDs passed: the body checked and accepted."""
+    """The accept route once auth and the path IDs passed: the body checked and accepted.
+    ``key``: the Idempotency-Key header as sent, if any."""
     if len(body) > MAX_BODY_BYTES:
         raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
-    cmid, text, model = _parse_prompt(body)
+    cmid, text, model = _parse_prompt(body, None if key is None else _idempotency_key(key))
     try:
         entry = await outbox.accept(ws, ses, caller.user_id, cmid, text, model)
     except Duplicate as dup:
-        return _json(200, {"id": dup.accepted_id, "duplicate": True})
+        return _json(200, {"id": dup.accepted_id, "duplicate": True}, {REPLAYED: "true"})
     # The Accepted shape (the route's response_model, for the OpenAPI), encoded here: a
     # Response skips FastAPI's validation and encoding of the answer.
     return _json(202, {"id": entry.id, "status": str(entry.status), "duplicate": False})
 
 
-def _json(status: int, content: dict[str, Any]) -> Response:
+def _json(status: int, content: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
     # json.dumps with its default separators uses the C encoder it caches: ~2 us. orjson would
     # save ~2 us of the ~350 us an accept costs the process (bench/http.py): not worth a wheel.
-    return Response(json.dumps(content), status, media_type="application/json")
+    return Response(json.dumps(content), status, headers, media_type="application/json")
 
 
 @router.get(SESSION + "/prompts", responses={200: {"model": EntryList}, **errors()})
@@ -172,21 +200,49 @@ async def session_events(
     )
 
 
-def _parse_prompt(body: bytes) -> tuple[str, str, str | None]:
-    """clientMessageID, text and the raw model JSON of a POST body, or a 400 / 422."""
+def _idempotency_key(value: str) -> str:
+    """The key in an Idempotency-Key header: a structured-field string (RFC 8941: quoted, \\
+    and \\" escaped), or, as many clients send it, the bare value. Checked as a
+    clientMessageID (400 ``invalid_idempotency_key``)."""
+    key = value.strip(" \t")
+    quoted = key.startswith('"')
+    if quoted and len(key) >= 2 and key.endswith('"'):
+        key, quoted = re.sub(r'\\([\\"])', r"\1", key[1:-1]), False
+    if quoted or not _KEY.fullmatch(key):  # an unterminated string is no key
+        raise ApiError(
+            400,
+            "invalid_idempotency_key",
+            "Idempotency-Key must be 1-256 visible ASCII characters (no spaces), bare or as a "
+            f"quoted string, got {value!r}",
+        )
+    return key
+
+
+def _parse_prompt(body: bytes, key: str | None) -> tuple[str, str, str | None]:
+    """clientMessageID (or ``key``, the header's), text and the raw model JSON of a POST
+    body, or a 400 / 422."""
     try:
         fields = raw_object_fields(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise ApiError(400, "invalid_json", "the body is not UTF-8") from None
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not a JSON object: {exc}") from None
-    wrong = [
-        name
-        for name in ("clientMessageID", "text")
-        if not isinstance(fields.get(name, (None,))[0], str)
-    ]
+    # Without the field, the header's key stands in; with both, they must agree.
+    cmid, text = fields.get("clientMessageID", (key,))[0], fields.get("text", (None,))[0]
+    wrong = [n for n, v in (("clientMessageID", cmid), ("text", text)) if not isinstance(v, str)]
     if wrong:
-        raise ApiError(422, "invalid_request", f"string field(s) required: {', '.join(wrong)}")
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"string field(s) required: {', '.join(wrong)}"
+            + (" (or an Idempotency-Key header)" if "clientMessageID" in wrong else ""),
+        )
+    if key is not None and cmid != key:
+        raise ApiError(
+            400,
+            "idempotency_key_mismatch",
+            "the Idempotency-Key header and clientMessageID differ: send one, or the same in both",
+        )
     model = fields.get("model")
     raw_model = None if model is None or model[0] is None else model[1]
-    return fields["clientMessageID"][0], fields["text"][0], raw_model
+    return cmid, text, raw_model

@@ -40,6 +40,18 @@ class Duplicate(Exception):
         self.accepted_id = accepted_id
 
 
+class IdempotencyKeyReused(Exception):
+    """The clientMessageID (idempotency key) was accepted within ``dedupe_ttl`` for another
+    payload (text or model): a client bug, refused with nothing written, never taken for a
+    duplicate (which would drop this prompt silently). ``accepted_id`` is the first entry's."""
+
+    def __init__(self, accepted_id: str) -> None:
+        super().__init__(
+            f"clientMessageID already accepted as {accepted_id} for another text or model"
+        )
+        self.accepted_id = accepted_id
+
+
 class OutboxFull(Exception):
     """The session's outbox holds ``cap`` entries already (the seed's ErrCapped)."""
 

@@ -158,6 +158,11 @@ class SessionKeys:
     def dedupe(self, client_message_id: str) -> str:
         return f"outboxdedupe:{{{self.ws}}}:{{{self.ses}}}:{client_message_id}"
 
+    def fingerprint(self, client_message_id: str) -> str:
+        """STRING beside the dedupe marker, same TTL: the first accept's payload fingerprint
+        (a key reused for another text or model is refused, not taken for a duplicate)."""
+        return f"outboxdedupefp:{{{self.ws}}}:{{{self.ses}}}:{client_message_id}"
+
     def claim(self, entry_id: str) -> str:
         """Who claimed this entry (complete.lua): lets a claimer whose reply was lost know."""
         return f"outboxclaim:{{{self.ws}}}:{{{self.ses}}}:{entry_id}"

@@ -3,6 +3,7 @@ anything is written."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -97,3 +98,13 @@ def check_model(model: object) -> str | None:
     if _depth(parsed) > MAX_MODEL_DEPTH:
         raise InvalidInput(f"model JSON nests deeper than {MAX_MODEL_DEPTH}")
     return model
+
+
+def payload_fingerprint(text: str, model: str | None) -> str:
+    """What tells two accepts' payloads apart under one clientMessageID: 128 bits of SHA-256
+    over the checked text and model (the model's raw JSON, byte for byte; none is not ""),
+    the text's length first so that no split of the bytes is ambiguous."""
+    body = text.encode("utf-8")
+    digest = hashlib.sha256(b"%d:" % len(body) + body)
+    digest.update(b"-" if model is None else b"+" + model.encode("utf-8"))
+    return digest.hexdigest()[:32]

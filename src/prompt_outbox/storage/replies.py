@@ -41,6 +41,7 @@ class Accept(enum.Enum):
 
     OK = "ok"
     DUPLICATE = "duplicate"
+    REUSED = "reused"
     FULL = "full"
 
 
@@ -65,8 +66,9 @@ class Confirmation:
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE;
-    ``confirmation`` what the durability wait saw (None when none was asked, or FULL)."""
+    """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE or a
+    REUSED key; ``confirmation`` what the durability wait saw (None when none was asked, or
+    FULL / REUSED)."""
 
     outcome: Accept
     accepted_id: str = ""

@@ -161,6 +161,7 @@ class Store:
         self,
         k: SessionKeys,
         cmid: str,
+        fingerprint: str,
         entry: str,
         entry_id: str,
         cap: int,
@@ -168,19 +169,20 @@ class Store:
         now_ms: int,
         wait: waitaof.WaitAof | None = None,
     ) -> Accepted:
-        """Dedupe, cap, push, then the marker (accept.lua), marked due and announced. With
+        """Dedupe (by key, then by the payload's ``fingerprint``), cap, push, then the
+        marker and the fingerprint (accept.lua), marked due and announced. With
         ``wait``, then WAITAOF for the accept (or for the first accept of a DUPLICATE): on a
         standalone server in the accept's own pipeline, the duplicate's marker written again
         so the wait covers the first accept (waitaof.py); on a cluster as a pair of its own."""
         marker = k.dedupe(cmid)
         alone = isinstance(self.client, ValkeyCluster)
         tail = wait.commands() if wait is not None and not alone else []
-        keys = [*k.script_keys(), marker]
-        args = [k.ses, entry, entry_id, cap, ttl_ms, 1 if tail else 0]
+        keys = [*k.script_keys(), marker, k.fingerprint(cmid)]
+        args = [k.ses, entry, entry_id, cap, ttl_ms, 1 if tail else 0, fingerprint]
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
-        first = text(rest[0]) if outcome is Accept.DUPLICATE else ""
-        if wait is None or outcome is Accept.FULL:
+        first = text(rest[0]) if outcome in (Accept.DUPLICATE, Accept.REUSED) else ""
+        if wait is None or outcome in (Accept.FULL, Accept.REUSED):
             return Accepted(outcome, first)
         if answers:
             seen = waitaof.waited(first or entry_id, answers)

@@ -1,10 +1,13 @@
 --[[
   Accept a prompt: dedupe first, then the cap, then push, and only THEN the dedupe marker (a
-  marker without its entry would turn every client retry into a false duplicate).
+  marker without its entry would turn every client retry into a false duplicate) and the
+  payload's fingerprint beside it (a marker without one, as written before fingerprints, makes
+  a duplicate whatever the payload).
 
   Input:
     KEYS[1..7] session keys (queue, staging, lock, ready, sessions, errors, events)
     KEYS[8]    dedupe marker outboxdedupe:{ws}:{ses}:<cmid>
+    KEYS[9]    payload fingerprint outboxdedupefp:{ws}:{ses}:<cmid>
     ARGV[1]    session ID
     ARGV[2]    entry JSON (status pending)
     ARGV[3]    entry ID
@@ -13,15 +16,18 @@
     ARGV[6]    1: a WAITAOF follows on this connection; a duplicate writes its marker again
                (same value, same expiry), as confirm.lua does, so the wait covers the
                first accept too. 0: a duplicate writes nothing.
+    ARGV[7]    this accept's payload fingerprint (text and model)
 
   Output:
     {'ok'}                 pushed, marker set; and a second value, true, when the session was
                            ready already (a holder, staging or a blocking head: the entry waits
                            behind them), so no work became due sooner (marked.lua skips the mark)
-    {'duplicate', id}      the marker names the first accept's entry ID; nothing written but the
-                           marker again (ARGV[6])
+    {'duplicate', id}      the marker names the first accept's entry ID, for the same payload;
+                           nothing written but the marker again (ARGV[6])
+    {'reused', id}         the marker names entry id, accepted for ANOTHER payload: the key was
+                           reused; nothing written
     {'full', n}            the session holds n >= cap entries; nothing written
-    A duplicate and a full answer also return true second: no work became due sooner.
+    Every answer but 'ok' also returns true second: no work became due sooner.
 
   Events: accepted.
 ]]
@@ -29,6 +35,8 @@ local ses, entry, id = ARGV[1], ARGV[2], ARGV[3]
 local cap, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local prev = redis.call('GET', KEYS[8])
 if prev then
+  local first = redis.call('GET', KEYS[9])
+  if first and first ~= ARGV[7] then return {'reused', prev}, true end
   if ARGV[6] == '1' then redis.call('SET', KEYS[8], prev, 'KEEPTTL') end
   return {'duplicate', prev}, true
 end
@@ -37,6 +45,7 @@ if n >= cap then return {'full', n}, true end
 redis.call('RPUSH', KEYS[Q], entry)
 emit(KEYS, 'accepted', id, entry)
 redis.call('SET', KEYS[8], id, 'PX', ttl)
+redis.call('SET', KEYS[9], ARGV[7], 'PX', ttl)
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.
 local readied = index_pushed(KEYS, ses, n, 0)
 return {'ok'}, not readied
