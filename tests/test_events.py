@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import valkey.asyncio as valkey_async
 
-from prompt_outbox import Duplicate, Outbox, OutboxFull, Status
+from prompt_outbox import Duplicate, IdempotencyKeyReused, Outbox, OutboxFull, Status
 from prompt_outbox.core.events import EventLogState, QueueEvent, QueueReset, missed_events
 from prompt_outbox.core.keys import session_keys
 from tests.agents import ScriptedAgent
@@ -114,6 +114,8 @@ async def test_refused_accepts_log_nothing(client: valkey_async.Valkey) -> None:
     outbox = Outbox(client, dataclasses.replace(FAST, cap=1))
     await outbox.accept(WS, SES, "u", "c1", "one")
     with pytest.raises(Duplicate):
+        await outbox.accept(WS, SES, "u", "c1", "one")
+    with pytest.raises(IdempotencyKeyReused):
         await outbox.accept(WS, SES, "u", "c1", "one again")
     with pytest.raises(OutboxFull):
         await outbox.accept(WS, SES, "u", "c2", "two")

@@ -301,6 +301,7 @@ OUR_KINDS = {
     "outboxev": "event log",
     "outboxq": "queue list",
     "outboxdedupe": "dedupe markers",
+    "outboxdedupefp": "dedupe fingerprints",
     "outboxready": "ready index",
     "outboxsessions": "sessions index",
 }

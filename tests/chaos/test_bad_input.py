@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
@@ -49,6 +50,22 @@ CONFIG = schemathesis.Config.from_dict(
 )
 
 
+ACCEPT = "POST /v1/workspaces/{ws}/sessions/{ses}/prompts"
+
+
+def _a_key_of_its_own(case: schemathesis.Case) -> None:
+    """A schema-valid accept is a new prompt with a key of its own, in the body and in the
+    Idempotency-Key header when the case has one. Two rules span what JSON Schema can state:
+    the key must come in one of the two (equal when both: else 400 / 422), and a key accepted
+    before with another text is refused (422 idempotency_key_reused), which generated keys
+    ("0", "0"...) would meet at once."""
+    key = uuid.uuid4().hex
+    if isinstance(case.body, dict):
+        case.body["clientMessageID"] = key
+    if case.headers and "Idempotency-Key" in case.headers:
+        case.headers["Idempotency-Key"] = key
+
+
 RUNS = [
     pytest.param(30, id="short"),
     pytest.param(500, id="long", marks=pytest.mark.slow),
@@ -87,6 +104,9 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(tmp_path: Path, examp
                     suppress_health_check=list(HealthCheck),
                 )
                 def fuzz(case: schemathesis.Case) -> None:
+                    # Run at once, inside the loop: the loop variables are this round's.
+                    if mode is GenerationMode.POSITIVE and op.label == ACCEPT:  # noqa: B023
+                        _a_key_of_its_own(case)
                     statuses[case.call_and_validate(headers=OPS).status_code] += 1
 
                 try:

@@ -178,10 +178,10 @@ class OutboxVersusModel(RuleBasedStateMachine):
         ones, perhaps the first of them left staged by a worker that died, so the budget of
         examples is spent on the interleavings that matter."""
         for outcome in stopped:
-            self.accept(repeat=False)
+            self.accept(repeat=False, other_text=False)
             self.agent_down_until_the_head_stops(outcome)
         for _ in range(pending):
-            self.accept(repeat=False)
+            self.accept(repeat=False, other_text=False)
         if dead_worker and head_due(self):
             self.step(dead_worker, "inconclusive")
 

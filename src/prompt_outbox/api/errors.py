@@ -110,7 +110,12 @@ async def _not_durable(_: Request, exc: NotDurable) -> Response:
 async def _key_reused(_: Request, exc: IdempotencyKeyReused) -> Response:
     # A client bug (one key, two prompts): answered, not hidden behind a duplicate's 200.
     return JSONResponse(
-        {"error": "idempotency_key_reused", "id": exc.accepted_id, "detail": str(exc)},
+        {
+            "error": "idempotency_key_reused",
+            "id": exc.accepted_id,
+            "detail": "this key was accepted (as id) for another text or model: a new prompt "
+            "needs a new key",
+        },
         status_code=422,
     )
 

@@ -228,9 +228,12 @@ def _parse_prompt(body: bytes, key: str | None) -> tuple[str, str, str | None]:
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not a JSON object: {exc}") from None
     # Without the field, the header's key stands in; with both, they must agree.
-    cmid, text = fields.get("clientMessageID", (key,))[0], fields.get("text", (None,))[0]
-    wrong = [n for n, v in (("clientMessageID", cmid), ("text", text)) if not isinstance(v, str)]
-    if wrong:
+    cmid: object = fields.get("clientMessageID", (key,))[0]
+    text: object = fields.get("text", (None,))[0]
+    if not isinstance(cmid, str) or not isinstance(text, str):
+        wrong = [
+            n for n, v in (("clientMessageID", cmid), ("text", text)) if not isinstance(v, str)
+        ]
         raise ApiError(
             422,
             "invalid_request",
