@@ -168,6 +168,52 @@ async def test_retry_and_dismiss_status_codes(http: httpx.AsyncClient, outbox: O
     assert (await http.delete(f"{URL}/{r.json()['id']}", headers=ALICE)).status_code == 204
 
 
+async def test_edit_status_codes(http: httpx.AsyncClient, outbox: Outbox) -> None:
+    r = await http.post(URL, json={"clientMessageID": "e", "text": "typo"}, headers=ALICE)
+    entry_id = r.json()["id"]
+    model = '{"providerID":"x","n":12345678901234567890}'
+    ok = await http.patch(
+        f"{URL}/{entry_id}", content='{"text":"fixed","model":' + model + "}", headers=ALICE
+    )
+    assert (ok.status_code, ok.json()) == (200, {"id": entry_id, "edited": True})
+    [e] = await outbox.list("acme", "chat-1")
+    assert (e.text, e.model) == ("fixed", model)  # the model's bytes kept
+    cleared = await http.patch(f"{URL}/{entry_id}", content='{"model":null}', headers=ALICE)
+    assert cleared.status_code == 200 and (await outbox.list("acme", "chat-1"))[0].model is None
+    for body, status, code in (
+        ("{}", 422, "invalid_request"),
+        ('{"text":null}', 422, "invalid_request"),
+        ('{"text":""}', 400, "invalid_input"),
+        ('{"text":"' + "x" * 110_000 + '"}', 413, "text_too_large"),
+        ("[1]", 400, "invalid_json"),
+    ):
+        refused = await http.patch(f"{URL}/{entry_id}", content=body, headers=ALICE)
+        assert (refused.status_code, refused.json()["error"]) == (status, code), body
+    missing = await http.patch(f"{URL}/nosuch", content='{"text":"x"}', headers=ALICE)
+    assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
+
+    release = asyncio.Event()
+
+    async def held(ws: str, ses: str, e: object) -> None:
+        await release.wait()
+
+    delivery = asyncio.create_task(outbox.deliver_once("acme", "chat-1", held))
+    await asyncio.sleep(0.2)
+    busy = await http.patch(f"{URL}/{entry_id}", content='{"text":"late"}', headers=ALICE)
+    assert (busy.status_code, busy.json()["error"]) == (409, "busy")
+    release.set()
+    await delivery
+    await outbox.seed_entry_for_test(
+        "acme",
+        "chat-1",
+        '{"id":"v1","clientMessageID":"v1","userID":"u","text":"t",'
+        '"acceptedAt":"2026-12-01T00:00:00.000000Z","attempts":1,"status":"verifying"}',
+    )
+    late = await http.patch(f"{URL}/v1", content='{"text":"late"}', headers=ALICE)
+    assert (late.status_code, late.json()["error"]) == (409, "not_editable")
+    assert (await http.patch(f"{URL}/v1", content='{"text":"x"}')).status_code == 401
+
+
 async def test_valkey_unreachable_is_503_and_health_stays_up() -> None:
     dead = valkey_async.Valkey.from_url(
         f"valkey://127.0.0.1:{free_port()}", socket_connect_timeout=1

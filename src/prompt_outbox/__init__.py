@@ -7,6 +7,7 @@ clients, workers, agents or Valkey never lose an accepted prompt (see the README
 from .core.callbacks import (
     Deliverer,
     DismissResult,
+    EditResult,
     Hook,
     LedgerProbe,
     RetryResult,
@@ -56,6 +57,7 @@ __all__ = [
     "DismissResult",
     "Duplicate",
     "DurabilityLevel",
+    "EditResult",
     "Entry",
     "FeedLimits",
     "FellBehind",

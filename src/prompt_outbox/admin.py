@@ -1,4 +1,4 @@
-"""Operator actions: retry, dismiss, park, unpark, the sweeps, cleanup and counts.
+"""Operator actions: retry, dismiss, edit, park, unpark, the sweeps, cleanup and counts.
 
 Every action that writes holds the session: it is refused (BUSY) while a delivery holds the
 lock, because contention is not absence. Each first recovers a dead worker's staged entries,
@@ -10,17 +10,19 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from .core import machine
-from .core.callbacks import DismissResult, RetryResult
+from .core.callbacks import DismissResult, EditResult, RetryResult
 from .core.entry import Entry, Status, decode_entry
+from .core.errors import InvalidInput
 from .core.failpoints import CrashPoint, reached
 from .core.keys import SessionKeys, WorkspaceKeys, check_id, session_keys, workspace_keys
 from .core.metrics import Metrics
-from .core.validate import check_reason
+from .core.validate import check_model, check_reason, check_text
 from .delivery.engine import Engine
 from .delivery.maintenance import Maintenance
-from .storage.replies import Replace, Snapshot
+from .storage.replies import Edited, Replace, Snapshot
 from .storage.store import Store
 
 log = logging.getLogger("prompt_outbox.admin")
@@ -77,6 +79,44 @@ class Admin:
         return DismissResult(
             await self._edit_one(k, entry_id, pick, CrashPoint.DISMISS_BEFORE_WRITE)
         )
+
+    async def edit(
+        self,
+        workspace_id: str,
+        session_id: str,
+        entry_id: str,
+        text: str | None = None,
+        model: str | None = None,
+    ) -> EditResult:
+        """``Outbox.edit``."""
+        check_id("entry ID", entry_id)
+        if text is None and model is None:
+            raise InvalidInput("an edit needs a text or a model")
+        text = None if text is None else check_text(text)
+        new_model = None if model is None else check_model(model)
+        k = session_keys(workspace_id, session_id)
+        for _ in range(3):
+            snap = await self._settled(k)
+            if snap.locked:
+                return EditResult.BUSY
+            raw = _find(snap.queue, entry_id)
+            if raw is None:
+                return EditResult.NOT_FOUND
+            e = decode_entry(raw)
+            if e.status not in (Status.PENDING, Status.ERROR):
+                return EditResult.NOT_EDITABLE
+            new = replace(
+                e,
+                text=e.text if text is None else text,
+                model=e.model if model is None else new_model,
+            )
+            done = await self.store.edit(k, raw, new.to_json(), entry_id)
+            if done is Edited.OK:
+                self.metrics.edited.inc()
+                return EditResult.UPDATED
+            if done is Edited.BUSY:
+                return EditResult.BUSY
+        return EditResult.BUSY  # it kept changing under us: contention, not absence
 
     async def park_workspace(self, workspace_id: str, reason: str) -> int:
         """``Outbox.park_workspace``."""

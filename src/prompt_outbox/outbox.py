@@ -15,6 +15,7 @@ from .admin import Admin
 from .core.callbacks import (
     Deliverer,
     DismissResult,
+    EditResult,
     Hook,
     LedgerProbe,
     RetryResult,
@@ -340,6 +341,22 @@ class Outbox:
         """Clear an error entry back to pending. BUSY while the session lock is held;
         NOT_FOUND when the session has no error entry with that ID."""
         return await self._admin.retry(workspace_id, session_id, entry_id)
+
+    async def edit(
+        self,
+        workspace_id: str,
+        session_id: str,
+        entry_id: str,
+        *,
+        text: str | None = None,
+        model: str | None = None,
+    ) -> EditResult:
+        """Replace the text or the model (raw JSON text; ``"null"`` removes it; None leaves
+        either as it is) of a pending or error entry before it is sent. An error entry stays
+        in error until it is retried. BUSY while the session lock is held; NOT_EDITABLE once
+        the entry is staged, verifying or parked; NOT_FOUND if absent. Emits ``edited``.
+        Bad input raises InvalidInput, as accept's does; so does an edit of neither."""
+        return await self._admin.edit(workspace_id, session_id, entry_id, text, model)
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
         """Remove an entry by ID. BUSY while the session lock is held; NOT_FOUND if absent."""

@@ -60,7 +60,8 @@ ERROR_WHY = {
     401: "no valid bearer token",
     403: "the token may not use this workspace (or the route needs an admin token)",
     404: "no such entry",
-    409: "a delivery holds the session; try again shortly",
+    409: "busy: a delivery holds the session, try again shortly; for an edit, not_editable: "
+    "the entry is being delivered or verified (or is parked)",
     413: "the body or the text is too large",
     422: "a field is missing or of the wrong type; for an accept, idempotency_key_reused: the "
     "key was accepted for another text or model (its id), nothing written",

@@ -41,6 +41,11 @@ class EntryList(BaseModel):
     entries: list[EntryOut]
 
 
+class EditedOut(BaseModel):
+    id: str
+    edited: Literal[True] = True
+
+
 class Retried(BaseModel):
     id: str
     status: Literal["pending"]

@@ -1,4 +1,4 @@
-"""A session's routes: accept, list, retry, dismiss, and its event stream.
+"""A session's routes: accept, list, retry, edit, dismiss, and its event stream.
 
 The prompt body is parsed with the entry codec's raw-field splitter rather than pydantic, so the
 caller's ``model`` JSON reaches the agent byte for byte (pydantic would re-encode it). The values
@@ -15,7 +15,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from ..core.callbacks import DismissResult, RetryResult
+from ..core.callbacks import DismissResult, EditResult, RetryResult
 from ..core.entry import encode_list, raw_object_fields
 from ..core.errors import Duplicate
 from ..core.keys import CLIENT_MESSAGE_ID_PATTERN
@@ -23,7 +23,7 @@ from ..core.validate import MAX_TEXT_BYTES
 from ..outbox import Outbox
 from .auth import Caller, Principal
 from .errors import ApiError, errors
-from .models import Accepted, EntryList, Retried
+from .models import Accepted, EditedOut, EntryList, Retried
 from .params import EntryId, OutboxDep, SessionId, WorkspaceId
 from .sse import event_stream
 from .streams import GateDep, GatedStream
@@ -52,6 +52,22 @@ class PromptIn(BaseModel):
     )
     model: Any = Field(
         default=None, description="the agent's model selector: any JSON, kept byte for byte"
+    )
+
+
+class EditIn(BaseModel):
+    """The PATCH body (documentation only: read raw, as the POST body is)."""
+
+    text: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TEXT_BYTES,
+        description="the new prompt text (left as it is when absent)",
+    )
+    model: Any = Field(
+        default=None,
+        description="the new model selector, any JSON kept byte for byte; null removes it "
+        "(left as it is when absent)",
     )
 
 
@@ -148,6 +164,46 @@ async def retry_prompt(
     return Retried(id=entry_id, status="pending")
 
 
+@router.patch(
+    SESSION + "/prompts/{entry_id}",
+    responses={200: {"model": EditedOut}, **errors(404, 409, 413)},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": EditIn.model_json_schema()}},
+        }
+    },
+)
+async def edit_prompt(
+    ws: WorkspaceId,
+    ses: SessionId,
+    entry_id: EntryId,
+    request: Request,
+    caller: Caller,
+    outbox: OutboxDep,
+) -> EditedOut:
+    """Edit a pending or error entry's text or model before it is sent: 200, 404 (absent),
+    409 ``busy`` (a delivery holds the session) or ``not_editable`` (staged, verifying or
+    parked). An error entry stays in error until retried. Emits the event ``edited``."""
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+    fields = _object_fields(body)
+    text, model = fields.get("text", (None, ""))[0], fields.get("model", (None, None))[1]
+    if "text" in fields and not isinstance(text, str):
+        raise ApiError(422, "invalid_request", "text must be a string")
+    if text is None and model is None:
+        raise ApiError(422, "invalid_request", "a text or a model is required")
+    result = await outbox.edit(ws, ses, entry_id, text=text, model=model)
+    if result is EditResult.BUSY:
+        raise _session_busy()
+    if result is EditResult.NOT_EDITABLE:
+        raise ApiError(409, "not_editable", f"entry {entry_id!r} is being delivered or verified")
+    if result is EditResult.NOT_FOUND:
+        raise ApiError(404, "not_found", f"no entry {entry_id!r} in this session")
+    return EditedOut(id=entry_id)
+
+
 @router.delete(SESSION + "/prompts/{entry_id}", status_code=204, responses=errors(404, 409))
 async def dismiss_prompt(
     ws: WorkspaceId, ses: SessionId, entry_id: EntryId, caller: Caller, outbox: OutboxDep
@@ -218,15 +274,20 @@ def _idempotency_key(value: str) -> str:
     return key
 
 
-def _parse_prompt(body: bytes, key: str | None) -> tuple[str, str, str | None]:
-    """clientMessageID (or ``key``, the header's), text and the raw model JSON of a POST
-    body, or a 400 / 422."""
+def _object_fields(body: bytes) -> dict[str, tuple[Any, str]]:
+    """A JSON object body's fields: each (value, raw JSON text), or a 400."""
     try:
-        fields = raw_object_fields(body.decode("utf-8"))
+        return raw_object_fields(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise ApiError(400, "invalid_json", "the body is not UTF-8") from None
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not a JSON object: {exc}") from None
+
+
+def _parse_prompt(body: bytes, key: str | None) -> tuple[str, str, str | None]:
+    """clientMessageID (or ``key``, the header's), text and the raw model JSON of a POST
+    body, or a 400 / 422."""
+    fields = _object_fields(body)
     # Without the field, the header's key stands in; with both, they must agree.
     cmid: object = fields.get("clientMessageID", (key,))[0]
     text: object = fields.get("text", (None,))[0]

@@ -46,6 +46,16 @@ class RetryResult(enum.IntEnum):
     BUSY = 2
 
 
+class EditResult(enum.IntEnum):
+    """Edit's outcome: contention (BUSY) is never reported as absence; NOT_EDITABLE once the
+    entry is being delivered or verified (or is parked)."""
+
+    UPDATED = 0
+    NOT_FOUND = 1
+    BUSY = 2
+    NOT_EDITABLE = 3
+
+
 class DismissResult(enum.IntEnum):
     """Dismiss's outcome: contention (BUSY) is never reported as absence."""
 

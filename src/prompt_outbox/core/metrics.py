@@ -60,6 +60,11 @@ class Metrics:
         self.verified = Counter(
             "prompt_outbox_verified", "Verifier verdicts.", ["verdict"], registry=r
         )
+        self.edited = Counter(
+            "prompt_outbox_edited",
+            "Entries whose text or model was edited before dispatch.",
+            registry=r,
+        )
         self.parked = Counter("prompt_outbox_parked", "Entries parked.", registry=r)
         self.failed = Counter("prompt_outbox_failed", "Entries moved to error.", registry=r)
         self.hooks_refired = Counter(

@@ -140,6 +140,14 @@ class Replace(enum.Enum):
     LOST = "lost"  # a lock value was given, and nobody holds the lock (the fence)
 
 
+class Edited(enum.Enum):
+    """edit.lua."""
+
+    OK = "ok"
+    BUSY = "busy"  # a holder has the session
+    CHANGED = "changed"  # the exact string read is gone from the queue
+
+
 @dataclass(frozen=True, slots=True)
 class Counted(Generic[E]):
     """requeue.lua / replace.lua: the outcome, and how many entries it moved (if OK)."""

@@ -13,6 +13,7 @@ NAMES = (
     "restore",
     "requeue",
     "replace",
+    "edit",
     "renew",
     "release",
     "lock",

@@ -30,6 +30,7 @@ from .replies import (
     Claim,
     Claimed,
     Counted,
+    Edited,
     Forgot,
     Held,
     Lock,
@@ -267,6 +268,10 @@ class Store:
             reply, _ = await self._marked_eval(k.ws, now_ms, "replace", k.script_keys(), args)
         outcome, rest = parse(Replace, reply)
         return Counted(outcome, int(rest[0]) if rest else 0)
+
+    async def edit(self, k: SessionKeys, old: str, new: str, entry_id: str) -> Edited:
+        """Swap a pending or error entry's string for its edited one (edit.lua)."""
+        return parse(Edited, await self._run("edit", k.script_keys(), [old, new, entry_id]))[0]
 
     async def renew(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
         """Extend the caller's lease; False once it is lost (renew.lua)."""
