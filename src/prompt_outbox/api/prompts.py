@@ -55,20 +55,25 @@ class PromptIn(BaseModel):
     )
 
 
-class EditIn(BaseModel):
-    """The PATCH body (documentation only: read raw, as the POST body is)."""
-
-    text: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_TEXT_BYTES,
-        description="the new prompt text (left as it is when absent)",
-    )
-    model: Any = Field(
-        default=None,
-        description="the new model selector, any JSON kept byte for byte; null removes it "
-        "(left as it is when absent)",
-    )
+EDIT_BODY: dict[str, Any] = {
+    "title": "EditIn",
+    "description": "The PATCH body (documentation only: read raw, as the POST body is): a text, "
+    "a model, or both",
+    "type": "object",
+    "properties": {
+        "text": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_TEXT_BYTES,
+            "description": "the new prompt text (left as it is when absent)",
+        },
+        "model": {
+            "description": "the new model selector, any JSON kept byte for byte; null removes "
+            "it (left as it is when absent)"
+        },
+    },
+    "anyOf": [{"required": ["text"]}, {"required": ["model"]}],
+}
 
 
 def _session_busy() -> ApiError:
@@ -170,7 +175,7 @@ async def retry_prompt(
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": EditIn.model_json_schema()}},
+            "content": {"application/json": {"schema": EDIT_BODY}},
         }
     },
 )
