@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from .. import __version__
 from ..outbox import Outbox
-from . import health, prompts, workspaces
+from . import health, prompts, tickets, workspaces
 from .auth import TokenTable
 from .errors import EXCEPTION_HANDLERS
 from .fast import AcceptFastPath
@@ -33,7 +33,7 @@ def create_app(
     app.state.outbox = outbox  # the routes reach it through params.get_outbox
     app.state.tokens = tokens  # auth.principal reads it
     app.state.streams = StreamGate(streams or StreamLimits())  # the events route takes a slot
-    for router in (prompts.router, workspaces.router, health.router):
+    for router in (prompts.router, tickets.router, workspaces.router, health.router):
         app.include_router(router)
     app.add_middleware(AcceptFastPath)  # the hot route, answered before FastAPI routes it
     return app

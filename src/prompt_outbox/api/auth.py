@@ -7,6 +7,7 @@ and the route dependencies that check them (``Caller``, ``Admin``).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from dataclasses import dataclass
@@ -40,6 +41,20 @@ class TokenTable:
     def __init__(self, principals: dict[str, Principal], *, disabled: bool = False) -> None:
         self._principals = principals
         self.disabled = disabled
+        self._by_id = {token_id(token): p for token, p in principals.items()}
+        self.ticket_key = hashlib.sha256(
+            b"prompt-outbox stream tickets\x00"
+            + b"\x00".join(sorted(t.encode() for t in principals))
+        ).digest()
+        """Signs stream tickets (api/tickets.py): derived from every token, so replicas that
+        share the token file accept each other's tickets, and no one who holds fewer than all
+        the tokens can forge one. A new token file voids the tickets out (they live a minute)."""
+
+    def by_id(self, tid: str) -> Principal | None:
+        """The Principal of the token whose ``token_id`` is ``tid`` (a stream ticket's)."""
+        if self.disabled:
+            return DEV_PRINCIPAL
+        return self._by_id.get(tid)
 
     @classmethod
     def from_json(cls, text: str) -> TokenTable:
@@ -89,6 +104,17 @@ class TokenTable:
         return found
 
 
+def token_id(token: str) -> str:
+    """A token's name in a stream ticket: not the token, which must not reach a URL."""
+    return hashlib.sha256(token.encode()).hexdigest()[:24]
+
+
+def bearer(authorization: str) -> str:
+    """The token of an ``Authorization: Bearer ...`` header, or ''."""
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 async def principal(request: Request) -> Principal:
     """The caller's token, checked against the workspace in the path (401 / 403). Read from
     the raw path so that the route's declaration of ``ws`` (with its pattern) is the only one:
@@ -103,8 +129,7 @@ async def principal(request: Request) -> Principal:
 def authenticate(tokens: TokenTable, authorization: str, ws: str) -> Principal:
     """The Principal of an ``Authorization`` header that may act on ``ws``, or the refusal:
     401 (no valid bearer token), 403 (not this workspace)."""
-    scheme, _, token = authorization.partition(" ")
-    found = tokens.lookup(token.strip() if scheme.lower() == "bearer" else "")
+    found = tokens.lookup(bearer(authorization))
     if found is None:
         raise ApiError(401, "unauthorized", "a valid bearer token is required")
     if not found.may_use(ws):

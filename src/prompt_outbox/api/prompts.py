@@ -27,6 +27,7 @@ from .models import Accepted, EditedOut, EntryList, Retried
 from .params import EntryId, OutboxDep, SessionId, WorkspaceId
 from .sse import event_stream
 from .streams import GateDep, GatedStream
+from .tickets import StreamCaller
 
 MAX_BODY_BYTES = 2 * MAX_TEXT_BYTES  # text at the limit, JSON-escaped, plus the rest
 REPLAYED = "Idempotent-Replayed"
@@ -231,7 +232,7 @@ async def session_events(
     ws: WorkspaceId,
     ses: SessionId,
     request: Request,
-    caller: Caller,
+    caller: StreamCaller,
     outbox: OutboxDep,
     gate: GateDep,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -241,7 +242,8 @@ async def session_events(
     (accepted, delivering, sent, pending, verifying, error, parked, dismissed). Reconnect
     with ``Last-Event-ID`` to resume after the last event seen, with no reset if the
     capped log still holds everything since. 429 / 503 with ``Retry-After`` past the
-    stream limits (per token / per process)."""
+    stream limits (per token / per process). Auth: the bearer token, or ``?ticket=`` (a
+    stream ticket, for a browser's EventSource)."""
     resume = last_event_id or lastEventId
     release = gate.enter(caller)
     try:
