@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import valkey.asyncio as valkey_async
 from valkey.asyncio.cluster import ValkeyCluster
@@ -16,6 +18,7 @@ from prompt_outbox import (
     InvalidInput,
     Outbox,
     OutboxFull,
+    SessionBusy,
     Status,
     TextTooLarge,
 )
@@ -224,3 +227,40 @@ async def test_bad_input_errors_are_typed_with_stable_codes(
     assert codes == ["invalid_id", "text_too_large", "invalid_input", "invalid_event_id"]
     assert all(isinstance(e.value, ValueError) for e in (bad_id, big, bad_cmid, bad_event))
     assert await client.dbsize() == 0
+
+
+async def test_while_busy_reject_refuses_a_busy_session_and_writes_nothing(
+    outbox: Outbox, client: valkey_async.Valkey
+) -> None:
+    k = SessionKeys("ws", "s1")
+    await outbox.accept("ws", "s1", "u", "c1", "one", while_busy="reject")  # idle
+    events = await client.xlen(k.events)
+    with pytest.raises(SessionBusy):  # a pending prompt is waiting
+        await outbox.accept("ws", "s1", "u", "c2", "two", while_busy="reject")
+    assert not await client.exists(k.dedupe("c2")) and await client.xlen(k.events) == events
+    with pytest.raises(Duplicate):  # the retry of the one accepted is its duplicate, busy or not
+        await outbox.accept("ws", "s1", "u", "c1", "one", while_busy="reject")
+    release, sending = asyncio.Event(), asyncio.Event()
+
+    async def held(ws: str, ses: str, entry: Entry) -> None:
+        sending.set()
+        await release.wait()
+
+    delivery = asyncio.create_task(outbox.deliver_once("ws", "s1", held))
+    await asyncio.wait_for(sending.wait(), 5)
+    with pytest.raises(SessionBusy):  # being delivered: staged, the queue empty
+        await outbox.accept("ws", "s1", "u", "c3", "three", while_busy="reject")
+    release.set()
+    await delivery
+    assert [e.id for e in await outbox.list("ws", "s1")] == []
+    await outbox.accept("ws", "s1", "u", "c3", "three", while_busy="reject")  # idle again
+    # Entries in error or parked wait for an operator, not for the agent: not busy.
+    await outbox.seed_entry_for_test(
+        "ws",
+        "s2",
+        '{"id":"e1","clientMessageID":"e1","userID":"u","text":"t",'
+        '"acceptedAt":"2026-12-01T00:00:00.000000Z","attempts":5,"status":"error"}',
+    )
+    await outbox.accept("ws", "s2", "u", "c4", "four", while_busy="reject")
+    with pytest.raises(InvalidInput):
+        await outbox.accept("ws", "s3", "u", "c5", "x", while_busy="interrupt")  # type: ignore[arg-type]

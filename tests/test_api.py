@@ -98,6 +98,20 @@ async def test_the_idempotency_key_header(http: httpx.AsyncClient, outbox: Outbo
     assert [e.id for e in await outbox.list("acme", "chat-1")] == [first]
 
 
+async def test_while_busy_reject_is_409_session_busy(http: httpx.AsyncClient) -> None:
+    first = {"clientMessageID": "w1", "text": "one", "whileBusy": "reject"}
+    assert (await http.post(URL, json=first, headers=ALICE)).status_code == 202
+    second = {"clientMessageID": "w2", "text": "two", "whileBusy": "reject"}
+    busy = await http.post(URL, json=second, headers=ALICE)
+    assert (busy.status_code, busy.json()["error"]) == (409, "session_busy")
+    queued = await http.post(URL, json={**second, "whileBusy": "enqueue"}, headers=ALICE)
+    assert queued.status_code == 202  # the key was not taken by the refusal
+    bad = await http.post(
+        URL, json={**second, "clientMessageID": "w3", "whileBusy": "later"}, headers=ALICE
+    )
+    assert (bad.status_code, bad.json()["error"]) == (400, "invalid_input")
+
+
 async def test_user_id_comes_from_the_token_not_the_body(
     http: httpx.AsyncClient, outbox: Outbox
 ) -> None:

@@ -23,13 +23,20 @@ from .core.callbacks import (
     Wiring,
 )
 from .core.entry import Entry, Status, decode_entry
-from .core.errors import Duplicate, IdempotencyKeyReused, NotDurable, OutboxFull
+from .core.errors import Duplicate, IdempotencyKeyReused, NotDurable, OutboxFull, SessionBusy
 from .core.events import QueueEvent, QueueReset, missed_events, parse_event_id
 from .core.keys import check_client_message_id, session_keys
 from .core.metrics import Metrics
 from .core.settings import Tunables
 from .core.timeutil import Clock, to_ms, utcnow
-from .core.validate import check_model, check_text, check_user_id, payload_fingerprint
+from .core.validate import (
+    WhileBusy,
+    check_model,
+    check_text,
+    check_user_id,
+    check_while_busy,
+    payload_fingerprint,
+)
 from .delivery.engine import Engine
 from .delivery.lease import held_for
 from .delivery.maintenance import Maintenance
@@ -138,8 +145,14 @@ class Outbox:
         client_message_id: str,
         text: str,
         model: str | None = None,
+        *,
+        while_busy: WhileBusy = "enqueue",
     ) -> Entry:
         """Persist a prompt for delivery; returns the entry (status pending).
+
+        ``while_busy`` (LangGraph's double-texting): ``"enqueue"`` queues it behind what the
+        session holds; ``"reject"`` raises ``SessionBusy`` and writes nothing when the session
+        holds an entry that is pending, being delivered or being verified.
 
         Raises ``Duplicate`` (with the first accept's ID) when the clientMessageID was accepted
         within ``dedupe_ttl`` with the same text and model, ``IdempotencyKeyReused`` (with it
@@ -155,6 +168,7 @@ class Outbox:
         k = session_keys(workspace_id, session_id)
         text = check_text(text)  # before the rest: an oversized body is a 413 first, over HTTP
         cmid = check_client_message_id(client_message_id)
+        reject = check_while_busy(while_busy) == "reject"
         now = self._clock()
         entry = Entry(
             id=_new_id(now),
@@ -179,10 +193,14 @@ class Outbox:
             round(t.dedupe_ttl * 1000),
             to_ms(now),
             self._wait,
+            reject_if_busy=reject,
         )
         if reply.outcome is Accept.FULL:
             self.metrics.refused_full.inc()
             raise OutboxFull(t.cap)
+        if reply.outcome is Accept.REJECTED:
+            self.metrics.refused_busy.inc()
+            raise SessionBusy()
         if reply.outcome is Accept.REUSED:
             self.metrics.refused_reused.inc()
             raise IdempotencyKeyReused(reply.accepted_id)

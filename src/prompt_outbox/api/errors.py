@@ -22,6 +22,7 @@ from ..core.errors import (
     InvalidInput,
     NotDurable,
     OutboxFull,
+    SessionBusy,
     TextTooLarge,
 )
 from ..core.keys import ID_PATTERN, check_id
@@ -61,7 +62,8 @@ ERROR_WHY = {
     403: "the token may not use this workspace (or the route needs an admin token)",
     404: "no such entry",
     409: "busy: a delivery holds the session, try again shortly; for an edit, not_editable: "
-    "the entry is being delivered or verified (or is parked)",
+    "the entry is being delivered or verified (or is parked); for an accept with whileBusy "
+    "reject, session_busy: a prompt is waiting or being delivered, nothing written",
     413: "the body or the text is too large",
     422: "a field is missing or of the wrong type; for an accept, idempotency_key_reused: the "
     "key was accepted for another text or model (its id), nothing written",
@@ -121,6 +123,10 @@ async def _key_reused(_: Request, exc: IdempotencyKeyReused) -> Response:
     )
 
 
+async def _session_busy(_: Request, exc: SessionBusy) -> Response:
+    return error_response(409, "session_busy", str(exc))
+
+
 async def _storage_down(_: Request, exc: Exception) -> Response:
     return error_response(503, "storage_unavailable", f"Valkey is unreachable: {exc}")
 
@@ -157,6 +163,7 @@ EXCEPTION_HANDLERS: dict[
     OutboxFull: _outbox_full,
     NotDurable: _not_durable,
     IdempotencyKeyReused: _key_reused,
+    SessionBusy: _session_busy,
     **dict.fromkeys(UNAVAILABLE, _storage_down),
     RequestValidationError: _invalid_request,
     StarletteHTTPException: _http_error,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -53,6 +53,11 @@ class PromptIn(BaseModel):
     )
     model: Any = Field(
         default=None, description="the agent's model selector: any JSON, kept byte for byte"
+    )
+    whileBusy: Literal["enqueue", "reject"] = Field(
+        default="enqueue",
+        description="when the session holds a prompt that is waiting or being delivered: "
+        "enqueue behind it, or reject (409 session_busy, nothing written)",
     )
 
 
@@ -100,7 +105,7 @@ def _session_busy() -> ApiError:
                 REPLAYED: {"description": "always true on a replay", "schema": {"type": "string"}}
             },
         },
-        **errors(413, 429),
+        **errors(409, 413, 429),
     },
 )
 async def accept_prompt(
@@ -133,9 +138,13 @@ async def accept_body(
     ``key``: the Idempotency-Key header as sent, if any."""
     if len(body) > MAX_BODY_BYTES:
         raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
-    cmid, text, model = _parse_prompt(body, None if key is None else _idempotency_key(key))
+    cmid, text, model, while_busy = _parse_prompt(
+        body, None if key is None else _idempotency_key(key)
+    )
     try:
-        entry = await outbox.accept(ws, ses, caller.user_id, cmid, text, model)
+        entry = await outbox.accept(
+            ws, ses, caller.user_id, cmid, text, model, while_busy=while_busy
+        )
     except Duplicate as dup:
         return _json(200, {"id": dup.accepted_id, "duplicate": True}, {REPLAYED: "true"})
     # The Accepted shape (the route's response_model, for the OpenAPI), encoded here: a
@@ -291,9 +300,9 @@ def _object_fields(body: bytes) -> dict[str, tuple[Any, str]]:
         raise ApiError(400, "invalid_json", f"the body is not a JSON object: {exc}") from None
 
 
-def _parse_prompt(body: bytes, key: str | None) -> tuple[str, str, str | None]:
-    """clientMessageID (or ``key``, the header's), text and the raw model JSON of a POST
-    body, or a 400 / 422."""
+def _parse_prompt(body: bytes, key: str | None) -> tuple[str, str, str | None, Any]:
+    """clientMessageID (or ``key``, the header's), text, the raw model JSON and whileBusy (as
+    sent: the Outbox checks it) of a POST body, or a 400 / 422."""
     fields = _object_fields(body)
     # Without the field, the header's key stands in; with both, they must agree.
     cmid: object = fields.get("clientMessageID", (key,))[0]
@@ -316,4 +325,4 @@ def _parse_prompt(body: bytes, key: str | None) -> tuple[str, str, str | None]:
         )
     model = fields.get("model")
     raw_model = None if model is None or model[0] is None else model[1]
-    return cmid, text, raw_model
+    return cmid, text, raw_model, fields.get("whileBusy", ("enqueue",))[0]

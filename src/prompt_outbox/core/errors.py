@@ -52,6 +52,14 @@ class IdempotencyKeyReused(Exception):
         self.accepted_id = accepted_id
 
 
+class SessionBusy(Exception):
+    """An accept with ``while_busy="reject"`` found the session busy: it holds an entry that is
+    pending, being delivered or being verified. Nothing was written."""
+
+    def __init__(self) -> None:
+        super().__init__("the session is busy: a prompt is waiting or being delivered")
+
+
 class OutboxFull(Exception):
     """The session's outbox holds ``cap`` entries already (the seed's ErrCapped)."""
 

@@ -34,6 +34,11 @@ class Metrics:
         self.refused_full = Counter(
             "prompt_outbox_refused_full", "Accepts refused: the session was full.", registry=r
         )
+        self.refused_busy = Counter(
+            "prompt_outbox_refused_busy",
+            "Accepts refused: whileBusy reject, and the session was busy.",
+            registry=r,
+        )
         self.refused_reused = Counter(
             "prompt_outbox_refused_key_reused",
             "Accepts refused: their clientMessageID was accepted for another text or model.",

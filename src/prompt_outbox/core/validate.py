@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 from .errors import InvalidInput, TextTooLarge
 
@@ -108,3 +108,15 @@ def payload_fingerprint(text: str, model: str | None) -> str:
     digest = hashlib.sha256(b"%d:" % len(body) + body)
     digest.update(b"-" if model is None else b"+" + model.encode("utf-8"))
     return digest.hexdigest()[:32]
+
+
+WhileBusy = Literal["enqueue", "reject"]
+"""What an accept does when its session is busy (issue 13's whileBusy)."""
+WHILE_BUSY: tuple[WhileBusy, ...] = ("enqueue", "reject")
+
+
+def check_while_busy(value: object) -> WhileBusy:
+    """Return ``value`` if it is a whileBusy policy, else raise InvalidInput."""
+    if value not in WHILE_BUSY:
+        raise InvalidInput(f"whileBusy must be one of {', '.join(WHILE_BUSY)}, got {value!r}")
+    return value

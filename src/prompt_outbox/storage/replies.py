@@ -42,6 +42,7 @@ class Accept(enum.Enum):
     OK = "ok"
     DUPLICATE = "duplicate"
     REUSED = "reused"
+    REJECTED = "rejected"  # whileBusy reject, and the session is busy
     FULL = "full"
 
 

@@ -169,21 +169,22 @@ class Store:
         ttl_ms: int,
         now_ms: int,
         wait: waitaof.WaitAof | None = None,
+        reject_if_busy: bool = False,
     ) -> Accepted:
-        """Dedupe (by key, then by the payload's ``fingerprint``), cap, push, then the
-        marker and the fingerprint (accept.lua), marked due and announced. With
-        ``wait``, then WAITAOF for the accept (or for the first accept of a DUPLICATE): on a
-        standalone server in the accept's own pipeline, the duplicate's marker written again
-        so the wait covers the first accept (waitaof.py); on a cluster as a pair of its own."""
+        """accept.lua: dedupe (key, then payload ``fingerprint``), ``reject_if_busy``, cap,
+        push, marker, fingerprint; marked due and announced. With ``wait``, then WAITAOF for
+        the accept (or a DUPLICATE's first accept, whose marker is written again for it): in
+        the accept's own pipeline on a standalone server, as a pair of its own on a cluster."""
         marker = k.dedupe(cmid)
         alone = isinstance(self.client, ValkeyCluster)
         tail = wait.commands() if wait is not None and not alone else []
         keys = [*k.script_keys(), marker, k.fingerprint(cmid)]
-        args = [k.ses, entry, entry_id, cap, ttl_ms, 1 if tail else 0, fingerprint]
+        confirm, busy = int(bool(tail)), int(reject_if_busy)
+        args = [k.ses, entry, entry_id, cap, ttl_ms, confirm, fingerprint, busy]
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
         first = text(rest[0]) if outcome in (Accept.DUPLICATE, Accept.REUSED) else ""
-        if wait is None or outcome in (Accept.FULL, Accept.REUSED):
+        if wait is None or outcome in (Accept.FULL, Accept.REUSED, Accept.REJECTED):
             return Accepted(outcome, first)
         if answers:
             seen = waitaof.waited(first or entry_id, answers)

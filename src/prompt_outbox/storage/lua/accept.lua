@@ -17,6 +17,8 @@
                (same value, same expiry), as confirm.lua does, so the wait covers the
                first accept too. 0: a duplicate writes nothing.
     ARGV[7]    this accept's payload fingerprint (text and model)
+    ARGV[8]    1: whileBusy reject: refuse when the session holds a pending, delivering or
+               verifying entry. 0: enqueue behind them
 
   Output:
     {'ok'}                 pushed, marker set; and a second value, true, when the session was
@@ -26,6 +28,8 @@
                            nothing written but the marker again (ARGV[6])
     {'reused', id}         the marker names entry id, accepted for ANOTHER payload: the key was
                            reused; nothing written
+    {'rejected'}           ARGV[8] and the session is busy (staging, or a blocking entry in the
+                           queue); nothing written
     {'full', n}            the session holds n >= cap entries; nothing written
     Every answer but 'ok' also returns true second: no work became due sooner.
 
@@ -39,6 +43,10 @@ if prev then
   if first and first ~= ARGV[7] then return {'reused', prev}, true end
   if ARGV[6] == '1' then redis.call('SET', KEYS[8], prev, 'KEEPTTL') end
   return {'duplicate', prev}, true
+end
+-- After the dedupe: a retry of an accept that was taken is its duplicate, busy or not.
+if ARGV[8] == '1' and (redis.call('LLEN', KEYS[D]) > 0 or find_head(KEYS[Q])) then
+  return {'rejected'}, true
 end
 local n = redis.call('LLEN', KEYS[Q]) + redis.call('LLEN', KEYS[D])
 if n >= cap then return {'full', n}, true end
