@@ -60,7 +60,7 @@ async def test_an_accept_marks_its_workspace_due_and_registers_it(
     await outbox.accept("ws", "s1", "u", "c1", "hi")
     score = await score_of(client, "ws")
     assert score is not None and before - 5000 <= score <= now_ms()
-    assert list(await Store(client).workspaces()) == ["ws"]
+    assert list(await Store(client).walk.workspaces()) == ["ws"]
 
 
 async def test_a_loop_cannot_drop_a_mark_a_writer_renewed_after_its_read(client: Client) -> None:
@@ -149,7 +149,7 @@ async def test_the_pre_index_registry_is_migrated_at_start(client: Client) -> No
     async with outbox.running(agent, tick=0.05):
         await eventually(lambda: holds(agent.texts == ["from before"]), within=5)
     assert not await client.exists(LEGACY_WORKSPACES)
-    assert "old" in await Store(client).workspaces()
+    assert "old" in await Store(client).walk.workspaces()
 
 
 async def _commands(client: Client) -> int:
@@ -277,7 +277,7 @@ async def test_a_full_repair_finds_a_workspace_the_registry_lost(client: Client)
     await client.zrem(b.due, "lost")
     await client.hdel(b.registry, "lost")
     await maintenance_of(store).repair(full=True)
-    assert "lost" in await store.workspaces()
+    assert "lost" in await store.walk.workspaces()
     score = await score_of(client, "lost")
     assert score is not None and score <= now_ms()
 

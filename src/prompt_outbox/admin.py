@@ -154,14 +154,14 @@ class Admin:
 
     async def cleanup_workspace(self, workspace_id: str) -> int:
         """``Outbox.cleanup_workspace``."""
-        return await self.store.cleanup_workspace(workspace_keys(workspace_id))
+        return await self.store.walk.cleanup_workspace(workspace_keys(workspace_id))
 
     async def count_by_workspace(self) -> dict[str, dict[str, int]]:
         """``Outbox.count_by_workspace``: one pipelined read per workspace, O(entries)."""
         out: dict[str, dict[str, int]] = {}
-        async for found in self.store.all_sessions():
+        async for found in self.store.walk.all_sessions():
             counts = out.setdefault(found.workspace.ws, {})
-            for raws in await self.store.session_entries(found.sessions):
+            for raws in await self.store.walk.session_entries(found.sessions):
                 for raw in raws:
                     status = str(decode_entry(raw).status)
                     counts[status] = counts.get(status, 0) + 1
@@ -214,7 +214,7 @@ class Admin:
     ) -> int:
         """Apply ``edit`` to every entry of every idle session of the workspace."""
         total, busy = 0, []
-        for k in await self.store.sessions_of(w):
+        for k in await self.store.walk.sessions_of(w):
             snap = await self._settled(k)
             if snap.locked:
                 busy.append(k.ses)

@@ -61,7 +61,7 @@ class Maintenance:
         await self.store.due.migrate_legacy_registry(self.engine.now_ms())
         total = 0
         batch: list[SessionKeys] = []
-        async for found in self.store.all_sessions():
+        async for found in self.store.walk.all_sessions():
             batch.extend(found.sessions)
             if len(batch) >= RECOVER_BATCH:
                 total += await self._recover_staged(batch)
@@ -73,7 +73,7 @@ class Maintenance:
         if not sessions:
             return 0
         total = 0
-        lengths = await self.store.staging_lengths(sessions)
+        lengths = await self.store.walk.staging_lengths(sessions)
         for k, n in zip(sessions, lengths, strict=True):
             if n:
                 total += await self.engine.recover_session(k)
@@ -95,7 +95,7 @@ class Maintenance:
             await self._register_lost(now_ms)
         quiet: dict[str, str] = {}
         covered = 0
-        async for found in self.store.all_sessions(unless=None if full else self._quiet):
+        async for found in self.store.walk.all_sessions(unless=None if full else self._quiet):
             covered += 1
             self._quiet.pop(found.workspace.ws, None)
             for k in found.sessions:
@@ -107,7 +107,7 @@ class Maintenance:
                 # one until it is pruned.
                 quiet[found.workspace.ws] = found.generation  # as read BEFORE the repair
             if now_ms - found.touched_ms > idle_ms:
-                await self.store.prune_idle_workspace(found.workspace, found.generation)
+                await self.store.walk.prune_idle_workspace(found.workspace, found.generation)
         if full:
             self._quiet = quiet
         else:
@@ -118,8 +118,8 @@ class Maintenance:
         """Register (and mark due) every workspace that holds work but that the registry lost:
         a bucket's node that failed over before its replica had the write, or an AOF tail
         lost in a restart. SCAN finds them; the registry cannot."""
-        registered = await self.store.workspaces()
-        for ws in sorted(await self.store.scan_workspaces() - registered.keys()):
+        registered = await self.store.walk.workspaces()
+        for ws in sorted(await self.store.walk.scan_workspaces() - registered.keys()):
             log.warning("a workspace missing from the registry was found", extra={"ws": ws})
             await self.store.due.mark(ws, now_ms)
 
@@ -146,7 +146,7 @@ class Maintenance:
         if self.wiring.ledger_probe is None:
             return 0
         total = 0
-        async for found in self.store.all_sessions(with_errors=True):
+        async for found in self.store.walk.all_sessions(with_errors=True):
             total += await self._sweep_sessions(found.sessions, stopping)
             if stopping():
                 break
@@ -161,7 +161,7 @@ class Maintenance:
         """
         if self.wiring.ledger_probe is None:
             return 0
-        return await self._sweep_sessions(await self.store.sessions_of(w, with_errors=True))
+        return await self._sweep_sessions(await self.store.walk.sessions_of(w, with_errors=True))
 
     async def _sweep_sessions(
         self, sessions: list[SessionKeys], stopping: Callable[[], bool] = never

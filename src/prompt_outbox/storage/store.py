@@ -1,4 +1,6 @@
-"""The only module that talks to Valkey: one method per Lua transition, plus index reads.
+"""The Valkey access above the storage layer sees: one method per Lua transition, plus
+reads; ``due`` (dueindex.py) and ``walk`` (walk.py, the walks over every workspace) are the
+parts it owns.
 
 Every session transition is one EVALSHA, reloaded on NOSCRIPT (a restarted server's script
 cache is empty), and auto-pipelined on a standalone server (autopipe.py). Each reply becomes
@@ -7,8 +9,7 @@ a typed value from ``replies``; nothing above this module sees a raw reply.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from valkey.asyncio.cluster import ValkeyCluster
@@ -44,9 +45,9 @@ from .replies import (
     text,
 )
 from .scripts import sources
+from .walk import Walk
 
 _CLAIM_MARKER_TTL_MS = 3_600_000  # far longer than any retry of one completion
-_WALK_BATCH = 256  # workspaces whose session sets one pipelined read of all_sessions takes
 
 UNAVAILABLE: tuple[type[Exception], ...] = (
     ValkeyConnectionError,
@@ -68,21 +69,6 @@ def notice_member(ses: str, entry_id: str) -> str:
     return f"{ses}:{entry_id}"
 
 
-@dataclass(frozen=True, slots=True)
-class WorkspaceSessions:
-    """One registered workspace, its registry generation (the server's clock in us at its
-    last mark), and the sessions asked for."""
-
-    workspace: WorkspaceKeys
-    generation: str
-    sessions: list[SessionKeys]
-
-    @property
-    def touched_ms(self) -> int:
-        """When a writer last marked the workspace (server clock, ms)."""
-        return int(self.generation) // 1000 if self.generation else 0
-
-
 class Store:
     """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's.
 
@@ -99,6 +85,8 @@ class Store:
             for name, src in sources(event_log_len, event_log_ttl_ms).items()
         }
         self.due = DueIndex(client, self._scripts)
+        self.walk = Walk(client, self.due)
+        """The walks over every workspace (maintenance, recovery, counts, admin)."""
         self._pipe = None
         if not isinstance(client, ValkeyCluster):
             self._pipe = AutoPipeline(client, self.load_scripts)
@@ -344,94 +332,6 @@ class Store:
             for event_id, fields in rows:
                 out.append((text(event_id), {text(a): text(b) for a, b in fields.items()}))
         return out
-
-    async def workspaces(self) -> dict[str, str]:
-        """Registered workspaces -> generation (see ``WorkspaceSessions``)."""
-        return await self.due.workspaces()
-
-    async def sessions_of(
-        self, w: WorkspaceKeys, *, with_errors: bool = False
-    ) -> list[SessionKeys]:
-        """The workspace's sessions holding any entry (or, ``with_errors``, an error entry)."""
-        key = w.errors if with_errors else w.sessions
-        members: set[Any] = await self.client.smembers(key)  # type: ignore[misc]
-        return [SessionKeys(w.ws, s) for s in sorted(text(x) for x in members)]
-
-    async def all_sessions(
-        self, *, with_errors: bool = False, unless: Mapping[str, str] | None = None
-    ) -> AsyncIterator[WorkspaceSessions]:
-        """Every registered workspace with its sessions (see ``sessions_of``): the one walk
-        over "all workspaces, all sessions" that maintenance, recovery and counts share. The
-        session sets are read in pipelined batches (this walk is O(workspaces) by nature).
-        ``unless`` leaves out the workspaces whose generation is still the one it names."""
-        registered = sorted((await self.workspaces()).items())
-        if unless:
-            registered = [(ws, gen) for ws, gen in registered if unless.get(ws) != gen]
-        for i in range(0, len(registered), _WALK_BATCH):
-            batch = registered[i : i + _WALK_BATCH]
-            pipe = self.client.pipeline(transaction=False)
-            for ws, _ in batch:
-                w = WorkspaceKeys(ws)
-                pipe.smembers(w.errors if with_errors else w.sessions)
-            for (ws, generation), members in zip(
-                batch, await pipe.execute(raise_on_error=True), strict=True
-            ):
-                sessions = [SessionKeys(ws, s) for s in sorted(text(x) for x in members)]
-                yield WorkspaceSessions(WorkspaceKeys(ws), generation, sessions)
-
-    async def session_entries(self, keys: Sequence[SessionKeys]) -> list[list[str]]:
-        """Each session's staging then queue, raw (one pipelined round trip)."""
-        if not keys:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for k in keys:
-            pipe.lrange(k.staging, 0, -1)
-            pipe.lrange(k.queue, 0, -1)
-        answers = await pipe.execute(raise_on_error=True)
-        return [[text(x) for x in answers[i] + answers[i + 1]] for i in range(0, len(answers), 2)]
-
-    async def staging_lengths(self, keys: Sequence[SessionKeys]) -> list[int]:
-        """Each session's staging length (one pipelined round trip)."""
-        pipe = self.client.pipeline(transaction=False)
-        for k in keys:
-            pipe.llen(k.staging)
-        return [int(n) for n in await pipe.execute(raise_on_error=True)]
-
-    async def prune_idle_workspace(self, w: WorkspaceKeys, generation: str) -> bool:
-        """Drop an idle workspace from the registry unless a writer marked it since
-        ``generation`` was read (that read came first: a racing accept changes it)."""
-        sessions: int = await self.client.scard(w.sessions)  # type: ignore[misc]
-        owed: int = await self.client.hlen(w.notices)  # type: ignore[misc]
-        if sessions or owed:
-            return False
-        return await self.due.prune(w, generation)
-
-    async def cleanup_workspace(self, w: WorkspaceKeys) -> int:
-        """Delete every key of the workspace (found by pattern: an admin action, not a tick).
-        Out of the registry first: an accept racing the cleanup registers it again (its
-        entry may survive the cleanup, and must stay found)."""
-        await self.due.forget(w)
-        removed = 0
-        batch: list[Any] = []
-        async for key in self.client.scan_iter(match=w.scan_pattern, count=500):
-            batch.append(key)
-            if len(batch) >= 500:
-                removed += int(await self.client.delete(*batch))
-                batch.clear()
-        if batch:
-            removed += int(await self.client.delete(*batch))
-        return removed
-
-    async def scan_workspaces(self) -> set[str]:
-        """Workspaces that hold sessions or owed calls, found by SCAN on every primary, not
-        by the registry: what a full repair uses to find one the registry lost (a node that
-        failed over before its replica had the registry write)."""
-        found: set[str] = set()
-        for pattern in (WorkspaceKeys("*").sessions, WorkspaceKeys("*").notices):
-            async for key in self.client.scan_iter(match=pattern, count=1000):
-                name = text(key)
-                found.add(name[name.index("{") + 1 : name.rindex("}")])
-        return found
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script (on a cluster, on every primary). Done once before the
