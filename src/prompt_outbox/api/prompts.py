@@ -136,8 +136,7 @@ async def accept_body(
 ) -> Response:
     """The accept route once auth and the path IDs passed: the body checked and accepted.
     ``key``: the Idempotency-Key header as sent, if any."""
-    if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+    _check_size(body)
     cmid, text, model, while_busy = _parse_prompt(
         body, None if key is None else _idempotency_key(key)
     )
@@ -201,8 +200,7 @@ async def edit_prompt(
     409 ``busy`` (a delivery holds the session) or ``not_editable`` (staged, verifying or
     parked). An error entry stays in error until retried. Emits the event ``edited``."""
     body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+    _check_size(body)
     fields = _object_fields(body)
     text, model = fields.get("text", (None, ""))[0], fields.get("model", (None, None))[1]
     if "text" in fields and not isinstance(text, str):
@@ -288,6 +286,12 @@ def _idempotency_key(value: str) -> str:
             f"quoted string, got {value!r}",
         )
     return key
+
+
+def _check_size(body: bytes) -> None:
+    """413 for a body over MAX_BODY_BYTES: judged first, before anything in it."""
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
 
 
 def _object_fields(body: bytes) -> dict[str, tuple[Any, str]]:

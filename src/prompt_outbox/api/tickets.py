@@ -23,7 +23,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
 
-from .auth import Caller, Principal, TokenTable, authenticate, bearer, token_id
+from .auth import Caller, Principal, TokenTable, bearer, principal, token_id
 from .errors import ApiError, errors
 from .params import WorkspaceId
 
@@ -51,9 +51,9 @@ def _sign(key: bytes, payload: str) -> str:
     return _b64(hmac.new(key, payload.encode(), "sha256").digest()[:18])
 
 
-def mint(tokens: TokenTable, token: str, ws: str, now: float, ttl_s: int = TICKET_TTL_S) -> str:
+def mint(tokens: TokenTable, token: str, ws: str, now: float) -> str:
     """A ticket for streams of ``ws``, on behalf of ``token`` (checked by the caller)."""
-    body = json.dumps({"w": ws, "t": token_id(token), "e": int((now + ttl_s) * 1000)})
+    body = json.dumps({"w": ws, "t": token_id(token), "e": int((now + TICKET_TTL_S) * 1000)})
     payload = _b64(body.encode())
     return f"{payload}.{_sign(tokens.ticket_key, payload)}"
 
@@ -87,11 +87,9 @@ async def stream_principal(
     ] = None,
 ) -> Principal:
     """The events route's caller: from ``?ticket=`` when given, else the bearer token."""
-    tokens: TokenTable = request.app.state.tokens
-    ws = request.path_params.get("ws", "")
-    if ticket is not None:
-        return check(tokens, ticket, ws, time.time())
-    return authenticate(tokens, request.headers.get("authorization", ""), ws)
+    if ticket is None:
+        return await principal(request)
+    return check(request.app.state.tokens, ticket, request.path_params.get("ws", ""), time.time())
 
 
 StreamCaller = Annotated[Principal, Depends(stream_principal)]
