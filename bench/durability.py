@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
 
-import valkey.asyncio as valkey_async
 from tests.replication import Fsync, ReplicatedPair
 
 from bench.output import publish
 from prompt_outbox import DurabilityLevel, Outbox, Tunables
 from prompt_outbox.embedded import EmbeddedValkey
+from prompt_outbox.storage.connect import connect
 
 CONCURRENCY = 50
 SESSIONS = 500
@@ -85,7 +85,7 @@ def servers(setup: Setup, root: Path) -> Iterator[str]:
 
 
 async def measure(url: str, level: DurabilityLevel, seconds: float, tag: str) -> tuple[str, str]:
-    client = valkey_async.Valkey.from_url(url, socket_timeout=30)
+    client = connect(url, socket_timeout=30)
     tunables = Tunables(cap=10_000, accept_durability=level, durability_timeout=10.0)
     outbox = Outbox(client, tunables)
     ids = count()

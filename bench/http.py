@@ -47,12 +47,12 @@ from pathlib import Path
 import httpx
 import uvloop
 import valkey
-import valkey.asyncio as valkey_async
 from fastapi import FastAPI, Request
 
 from bench.output import publish, stop_group, verdict
 from prompt_outbox import Outbox
 from prompt_outbox.embedded import EmbeddedValkey, free_port
+from prompt_outbox.storage.connect import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 LOAD = ROOT / "bench" / "load"
@@ -186,7 +186,7 @@ def load(node: Path, port: int, seconds: float, connections: int, tag: str) -> L
 def baseline_app(url: str) -> FastAPI:
     """The bare FastAPI app: one POST route doing one RPUSH, and a health route."""
     app = FastAPI()
-    client = valkey_async.Valkey.from_url(url)
+    client = connect(url)
 
     @app.post("/v1/workspaces/{ws}/sessions/{ses}/prompts", status_code=202)
     async def accept(ws: str, ses: str, request: Request) -> dict[str, str]:
@@ -474,7 +474,7 @@ def in_process_cpu(name: str, url: str, seconds: float, tasks: int) -> float:
     HTTP layer."""
 
     async def calls() -> float:
-        client = valkey_async.Valkey.from_url(url, socket_timeout=30)
+        client = connect(url, socket_timeout=30)
         outbox = Outbox(client)
         await outbox.check_durability()
         done = 0

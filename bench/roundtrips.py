@@ -29,17 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import valkey.asyncio as valkey_async
-from valkey.asyncio import Connection
-
 from bench.output import publish, verdict
 from bench.peers.server import valkey_server
 from prompt_outbox import Entry, Outbox, Tunables
+from prompt_outbox.storage.connect import connect
 
 WS = "bench"
 
 
-class Counting(Connection):
+# The connection connect() gives a standalone client (valkey-py's, packing in C), as every
+# client here: ours and the raw rate's.
+_CONNECTION = connect("valkey://127.0.0.1:1").connection_pool.connection_class
+
+
+class Counting(_CONNECTION):  # type: ignore[valid-type,misc]  # a class known at run time
     """A connection that counts what it sends: one packed send is one round trip (a pipeline
     is one send). Class-wide: every connection of a client adds to ``sent``."""
 
@@ -64,7 +67,7 @@ class Backlog:
 async def run_backlog(url: str, sessions: int, per_session: int, concurrency: int) -> Backlog:
     """Accept ``per_session`` prompts into each of ``sessions`` (``concurrency`` sessions at a
     time, each in order), then deliver them all with ``Outbox.running``."""
-    client = valkey_async.Valkey.from_url(url, connection_class=Counting)
+    client = connect(url, connection_class=Counting)
     await client.flushall()
     tunables = Tunables(concurrency=concurrency, cap=per_session + 1, accept_durability="none")
     outbox = Outbox(client, tunables)
@@ -110,7 +113,7 @@ async def run_backlog(url: str, sessions: int, per_session: int, concurrency: in
 
 async def raw_rate(url: str, concurrency: int, seconds: float) -> float:
     """No-op script calls per second of one valkey-py client from ``concurrency`` tasks."""
-    client = valkey_async.Valkey.from_url(url)
+    client = connect(url)
     script = client.register_script("return 1")
     await script(keys=["k"], args=[1])
     calls = 0

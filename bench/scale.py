@@ -49,6 +49,7 @@ from prompt_outbox.core.metrics import Metrics
 from prompt_outbox.delivery.engine import Engine
 from prompt_outbox.delivery.maintenance import Maintenance
 from prompt_outbox.embedded import EmbeddedValkey, free_port
+from prompt_outbox.storage.connect import connect
 from prompt_outbox.storage.store import Store
 
 BIN = str(Path(sys.executable).parent / "prompt-outbox")
@@ -316,7 +317,7 @@ async def streams(url: str, client: valkey_async.Valkey, count: int, figures: Fi
 async def run(workspaces: int, stream_count: int, samples: int, figures: Figures) -> Figures:
     tunables = Tunables()  # the seed's defaults: what a deployment runs
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, EmbeddedValkey(tmp) as server:
-        client = valkey_async.Valkey.from_url(server.url)
+        client = connect(server.url)
         outbox = Outbox(client, tunables)
         try:
             await _fill(outbox, 10)

@@ -27,6 +27,7 @@ import valkey.asyncio as valkey_async
 from bench.output import publish, verdict
 from prompt_outbox import Entry, Outbox, Tunables
 from prompt_outbox.embedded import EmbeddedValkey
+from prompt_outbox.storage.connect import connect
 
 WS, SES = "bench", "queue"
 
@@ -99,7 +100,7 @@ async def run(lengths: list[int], rounds: int) -> Report:
         tempfile.TemporaryDirectory(prefix="bench-transitions-") as tmp,
         EmbeddedValkey(tmp) as server,
     ):
-        client = valkey_async.Valkey.from_url(server.url)
+        client = connect(server.url)
         try:
             for length in lengths:
                 row = await measure(client, length, rounds)

@@ -1,8 +1,6 @@
 import asyncio
 
-import valkey.asyncio as valkey
-
-from prompt_outbox import Duplicate, Entry, Outbox
+from prompt_outbox import Duplicate, Entry, Outbox, connect
 from prompt_outbox.embedded import EmbeddedValkey
 
 
@@ -12,7 +10,7 @@ async def deliver(ws: str, ses: str, entry: Entry) -> None:
 
 async def main() -> None:
     with EmbeddedValkey("./.prompt-outbox") as server:  # durable: appendfsync always
-        outbox = Outbox(valkey.Valkey.from_url(server.url))
+        outbox = Outbox(connect(server.url))  # or any valkey.asyncio client
         async with outbox.running(deliver):  # on exit: in-flight deliveries finish first
             try:
                 entry = await outbox.accept("acme", "chat-1", "user-7", "msg-1", "Hello, agent!")

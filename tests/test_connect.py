@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from valkey.asyncio import Connection
+from valkey.asyncio import Connection, SSLConnection, UnixDomainSocketConnection
 from valkey.asyncio.cluster import ClusterNode, NodesManager, ValkeyCluster
 from valkey.cluster import PRIMARY, REPLICA
-from valkey.exceptions import ConnectionError, MovedError, NoScriptError
+from valkey.exceptions import ConnectionError, DataError, MovedError, NoScriptError
 
 from prompt_outbox.storage.connect import connect
 from prompt_outbox.storage.embedded import EmbeddedValkey
@@ -126,7 +126,73 @@ async def test_the_library_alone_loses_its_default_node_then(
         await _pipeline_error_while_closing(client)
 
 
-def test_a_standalone_connection_is_the_librarys_own(valkey_server: EmbeddedValkey) -> None:
-    # The workaround is for the cluster client's rebuild; a standalone client never rebuilds.
+def test_a_standalone_connection_is_the_librarys_own_packing_in_c(
+    valkey_server: EmbeddedValkey,
+) -> None:
+    # The cluster workarounds are for the cluster client's rebuild; a standalone client never
+    # rebuilds. Its connection is valkey-py's own, with the packing done by libvalkey.
+    kind = connect(valkey_server.url).connection_pool.connection_class
+    assert issubclass(kind, Connection) and kind is not Connection
+    assert kind.pack_command is not Connection.pack_command
+
+
+_ARGUMENTS: list[tuple[Any, ...]] = [
+    ("SET", "k", "v"),
+    (b"EVALSHA", "a" * 40, 2, "outboxq:{w}:s", b"bytes", 1.5, -3, 10**20, "é😀"),
+    ("CONFIG GET", "maxmemory"),  # a two-word command name is two arguments
+    (b"CLIENT SETNAME", b"x"),
+    ("SET", "big", "x" * 70_000),  # past valkey-py's 6 000-byte chunking
+    ("SET", "view", memoryview(b"abc")),
+]
+
+
+@pytest.mark.parametrize("args", _ARGUMENTS, ids=lambda a: str(a[0])[:14])
+def test_the_c_packer_sends_the_bytes_valkey_py_would(args: tuple[Any, ...]) -> None:
+    ours = connect("valkey://127.0.0.1:1").connection_pool.connection_class()
+    theirs = Connection()
+    assert b"".join(ours.pack_command(*args)) == b"".join(theirs.pack_command(*args))
+    both = [args, ("WAITAOF", 1, 0, 5000)]
+    assert b"".join(ours.pack_commands(both)) == b"".join(theirs.pack_commands(both))
+
+
+@pytest.mark.parametrize("bad", [True, None, bytearray(b"x")])
+def test_what_is_no_argument_is_the_same_data_error(bad: Any) -> None:
+    ours = connect("valkey://127.0.0.1:1").connection_pool.connection_class()
+    with pytest.raises(DataError):
+        Connection().pack_command("SET", "k", bad)
+    with pytest.raises(DataError):
+        ours.pack_command("SET", "k", bad)
+
+
+def test_another_encoding_keeps_valkey_pys_packer() -> None:
+    # libvalkey encodes text as strict UTF-8 only.
+    kind = connect("valkey://127.0.0.1:1").connection_pool.connection_class
+    ours, theirs = kind(encoding="latin-1"), Connection(encoding="latin-1")
+    assert ours.pack_command("SET", "k", "é") == theirs.pack_command("SET", "k", "é")
+    assert b"\xe9" in b"".join(ours.pack_command("SET", "k", "é"))
+
+
+def test_every_scheme_gets_its_transport_and_a_class_of_the_callers_own_is_kept() -> None:
+    tls = connect("valkeys://127.0.0.1:1").connection_pool.connection_class
+    unix = connect("unix:///tmp/nowhere.sock").connection_pool.connection_class
+    assert issubclass(tls, SSLConnection) and tls is not SSLConnection
+    assert issubclass(unix, UnixDomainSocketConnection) and unix is not UnixDomainSocketConnection
+    own = connect("valkey://127.0.0.1:1", connection_class=_Own).connection_pool
+    assert own.connection_class is _Own
+
+
+class _Own(Connection):
+    """A caller's own connection class."""
+
+
+async def test_a_client_that_packs_in_c_round_trips(valkey_server: EmbeddedValkey) -> None:
     client = connect(valkey_server.url)
-    assert client.connection_pool.connection_class is Connection
+    try:
+        await client.set("k:é", "😀" * 5_000)
+        assert await client.get("k:é") == "😀".encode() * 5_000
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.eval("return ARGV[1]", 0, "é")
+            pipe.strlen("k:é")
+            assert await pipe.execute() == ["é".encode(), 20_000]
+    finally:
+        await client.aclose()

@@ -43,6 +43,7 @@ from .core.ledger import (
 )
 from .core.settings import DurabilityLevel, Tunables
 from .outbox import Outbox
+from .storage.connect import connect
 from .storage.feed import FeedLimits, FellBehind, StreamEnded
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     "Verdict",
     "Verifier",
     "ambiguous",
+    "connect",
     "prior_attempt_pending",
     "transient",
 ]

@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import valkey.asyncio as valkey_async
-
 from prompt_outbox import Entry, Outbox, Tunables
+from prompt_outbox.storage.connect import connect
 
 sys.path.append(str(Path(__file__).resolve().parent))  # last: shadows no installed package
 import _proto
@@ -34,7 +33,7 @@ def tunables(args: _proto.Args) -> Tunables:
 
 @asynccontextmanager
 async def outbox_of(args: _proto.Args) -> AsyncIterator[Outbox]:
-    client = valkey_async.Valkey.from_url(args.url)
+    client = connect(args.url)
     outbox = Outbox(client, tunables(args))
     try:
         await outbox.check_durability()

@@ -16,12 +16,12 @@ from pathlib import Path
 import click
 import httpx
 import uvicorn
-import valkey.asyncio as valkey_async
 
 from ..api import TokenTable, create_app
 from ..core.settings import Tunables
 from ..deliver import WebhookDeliverer
 from ..outbox import Outbox
+from ..storage.connect import connect
 from ..storage.embedded import EmbeddedValkey, free_port
 from .admin import table
 from .flaky_agent import FlakyAgent
@@ -87,7 +87,7 @@ async def _demo(prompts: int, sessions: int, seed: int, data_dir: Path, wait_s: 
     agent = FlakyAgent(seed, stall=2 * WEBHOOK_TIMEOUT)
     valkey = EmbeddedValkey(data_dir)
     valkey.start()
-    client = valkey_async.Valkey.from_url(valkey.url, socket_timeout=10)
+    client = connect(valkey.url, socket_timeout=10)
     hook = WebhookDeliverer(
         agent.url, secret=b"demo", verify_url=agent.verify_url, timeout=WEBHOOK_TIMEOUT
     )
