@@ -11,9 +11,11 @@ import httpx
 import pytest
 import uvicorn
 import valkey.asyncio as valkey_async
+from click.testing import CliRunner
 
 from prompt_outbox import Outbox
 from prompt_outbox.api import TokenTable, create_app
+from prompt_outbox.cli import main
 from prompt_outbox.embedded import free_port
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, eventually
@@ -244,6 +246,11 @@ async def test_ready_and_openapi(http: httpx.AsyncClient) -> None:
     spec = (await http.get("/openapi.json")).json()
     post = spec["paths"]["/v1/workspaces/{ws}/sessions/{ses}/prompts"]["post"]
     assert "clientMessageID" in json.dumps(post["requestBody"])
+    # `prompt-outbox openapi` prints the same document, with no server (the client's types
+    # are generated from it).
+    printed = CliRunner().invoke(main, ["openapi"])
+    assert printed.exit_code == 0, printed.output
+    assert json.loads(printed.output) == spec
 
 
 OPS = {"Authorization": "Bearer ops-token"}

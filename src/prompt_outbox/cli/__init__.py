@@ -8,7 +8,7 @@ import click
 
 from .admin import cleanup, dismiss, list_prompts, park, retry, stats, unpark
 from .demo import demo
-from .serve import serve, worker
+from .serve import openapi, serve, worker
 
 
 @click.group()
@@ -17,7 +17,19 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
-for command in (serve, worker, list_prompts, retry, dismiss, park, unpark, cleanup, stats, demo):
+for command in (
+    serve,
+    worker,
+    list_prompts,
+    retry,
+    dismiss,
+    park,
+    unpark,
+    cleanup,
+    stats,
+    demo,
+    openapi,
+):
     main.add_command(command)
 
 __all__ = ["main"]

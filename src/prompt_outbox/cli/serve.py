@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import ipaddress
+import json
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -19,6 +20,7 @@ import uvicorn
 from ..api import StreamLimits, TokenTable, create_app
 from ..api.streams import DEFAULT_PER_PROCESS, DEFAULT_PER_TOKEN
 from ..outbox import Outbox
+from ..storage.connect import connect
 from .delivery import Delivery, build_delivery, delivery_options
 from .storage import Durability, durability_options, open_outbox, storage_options
 
@@ -253,3 +255,13 @@ def worker(
                 await stop.wait()
 
     asyncio.run(main())
+
+
+@click.command()
+def openapi() -> None:
+    """Print the HTTP API's OpenAPI document (JSON), as ``serve`` answers ``/openapi.json``.
+
+    The TypeScript client's types are generated from it (clients/typescript)."""
+    # The document depends on the routes only: an outbox whose client never connects will do.
+    app = create_app(Outbox(connect("valkey://127.0.0.1:1")), TokenTable({}, disabled=True))
+    click.echo(json.dumps(app.openapi(), indent=2, sort_keys=True))
