@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench devtools
+	$(BIN)/ruff format --check src tests bench devtools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -29,11 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +45,7 @@ from pathlib import Path
 import httpx
 import uvloop
 import valkey
+from devtools import npm
 from fastapi import FastAPI, Request
 
 from bench.output import publish, stop_group, verdict
@@ -93,39 +92,18 @@ STACKS = (
 DEFAULT = STACKS[-1]  # what ``serve`` runs with no flags (--loop auto --http auto)
 
 
-class LoadUnavailable(RuntimeError):
-    """node / npm are missing or autocannon would not install (the message says why)."""
+# node / npm are missing or autocannon would not install (the message says why).
+LoadUnavailable = npm.NpmUnavailable
 
 
 # -- the load generator --------------------------------------------------------------------
 
 
-def _lock_hash() -> str:
-    return hashlib.sha256((LOAD / "package-lock.json").read_bytes()).hexdigest()
-
-
 def ensure_load() -> Path:
     """The node binary, with autocannon installed from the committed lock (``npm ci``, once
-    per lock). Raises LoadUnavailable when node or npm is absent or the install fails."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        raise LoadUnavailable("node and npm are needed for the load generator (autocannon)")
-    stamp = LOAD / "node_modules" / ".bench-installed"
-    if stamp.exists() and stamp.read_text().strip() == _lock_hash():
-        return Path(node)
-    print("installing autocannon into bench/load/node_modules ...", flush=True)
-    done = subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=LOAD,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise LoadUnavailable(f"npm ci in bench/load failed: {tail}")
-    stamp.write_text(_lock_hash() + "\n")
-    return Path(node)
+    per lock: devtools/npm.py). Raises LoadUnavailable when node or npm is absent or the
+    install fails."""
+    return npm.ensure_installed(LOAD)
 
 
 @dataclass(frozen=True)

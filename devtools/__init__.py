@@ -1,0 +1,1 @@
+"""Developer tools shared by the benchmarks and the tests (not part of the package)."""
