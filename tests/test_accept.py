@@ -263,4 +263,4 @@ async def test_while_busy_reject_refuses_a_busy_session_and_writes_nothing(
     )
     await outbox.accept("ws", "s2", "u", "c4", "four", while_busy="reject")
     with pytest.raises(InvalidInput):
-        await outbox.accept("ws", "s3", "u", "c5", "x", while_busy="interrupt")  # type: ignore[arg-type]
+        await outbox.accept("ws", "s3", "u", "c5", "x", while_busy="cancel")  # type: ignore[arg-type]

@@ -112,6 +112,9 @@ async def test_while_busy_reject_is_409_session_busy(http: httpx.AsyncClient) ->
         URL, json={**second, "clientMessageID": "w3", "whileBusy": "later"}, headers=ALICE
     )
     assert (bad.status_code, bad.json()["error"]) == (400, "invalid_input")
+    # interrupt: queued as usual (what it aborts is tests/test_interrupt.py's subject).
+    third = {"clientMessageID": "w4", "text": "three", "whileBusy": "interrupt"}
+    assert (await http.post(URL, json=third, headers=ALICE)).status_code == 202
 
 
 async def test_user_id_comes_from_the_token_not_the_body(

@@ -110,6 +110,38 @@ async def test_cut_mid_turn_is_verified_delivered_without_a_second_turn(
     await deliverer.aclose()
 
 
+async def test_an_interrupt_aborts_the_turn_and_its_prompt_counts_as_delivered(
+    client: valkey_async.Valkey, opencode: OpencodeServer, fake_model: FakeModel
+) -> None:
+    # whileBusy interrupt against the real opencode: the first prompt's turn sleeps 30 s in
+    # the model; the interrupt aborts it (POST /session/{id}/abort), opencode answers the
+    # first send 200 (MessageAbortedError), so it counts as delivered; the second goes next.
+    seen: list[Entry] = []
+    worker, deliverer = wired(client, opencode.url, seen)
+    api = Outbox(client, TUNABLES)  # the accepting "process": the ask travels by pub/sub
+    ses = opencode.new_session()
+    first, second = f"[sleep 30] a long turn {uuid.uuid4()}", f"do this instead {uuid.uuid4()}"
+    started = time.monotonic()
+    async with worker.running(deliverer):
+        await api.accept(WS, ses, "u1", "c1", first)
+        await eventually(lambda: holds(fake_model.user_turns(first) == 1), within=30)
+        await api.accept(WS, ses, "u1", "c2", second, while_busy="interrupt")
+        await eventually(lambda: holds(len(seen) == 2), within=30)
+    assert time.monotonic() - started < 25  # the 30 s turn did not run out
+    assert [e.text for e in seen] == [first, second]
+    assert worker.metrics.aborts.labels(outcome="asked")._value.get() == 1
+    # Each prompt reached opencode once, in order; the model saw each once.
+    assert [texts for _, texts in user_messages(opencode, ses)] == [[first], [second]]
+    assert fake_model.user_turns(first) == 1 and fake_model.user_turns(second) == 1
+    aborted = [
+        m["info"]
+        for m in opencode.transcript(ses)
+        if m["info"]["role"] == "assistant" and m["info"].get("error")  # type: ignore[index,union-attr]
+    ]
+    assert [a["error"]["name"] for a in aborted] == ["MessageAbortedError"]  # type: ignore[index]
+    await deliverer.aclose()
+
+
 async def test_opencode_down_is_retried_without_an_attempt_then_delivered(
     client: valkey_async.Valkey, tmp_path: Path, fake_model: FakeModel
 ) -> None:

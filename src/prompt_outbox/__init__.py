@@ -5,6 +5,7 @@ clients, workers, agents or Valkey never lose an accepted prompt (see the README
 """
 
 from .core.callbacks import (
+    Aborter,
     Deliverer,
     DismissResult,
     EditResult,
@@ -54,6 +55,7 @@ __all__ = [
     "LEDGER_STATE_PROMOTED",
     "LEDGER_STATE_STALLED",
     "LEDGER_STATE_TURN_ENDED",
+    "Aborter",
     "AmbiguousError",
     "Deliverer",
     "DismissResult",

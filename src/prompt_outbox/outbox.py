@@ -46,7 +46,7 @@ from .storage.client import Client
 from .storage.durability import DurabilityReport, resolve_durability
 from .storage.feed import EventFeed, FeedLimits
 from .storage.replies import Accept, Snapshot
-from .storage.store import Store
+from .storage.store import TRANSIENT_ERRORS, Store
 from .storage.waitaof import WaitAof
 
 
@@ -152,7 +152,11 @@ class Outbox:
 
         ``while_busy`` (LangGraph's double-texting): ``"enqueue"`` queues it behind what the
         session holds; ``"reject"`` raises ``SessionBusy`` and writes nothing when the session
-        holds an entry that is pending, being delivered or being verified.
+        holds an entry that is pending, being delivered or being verified; ``"interrupt"``
+        queues it, and asks the run loop delivering the session's entry in flight (if any,
+        in any process) to have the deliverer abort that turn (``Aborter``), once this
+        accept is as durable as asked. The interrupted entry counts as delivered if the agent
+        says so; FIFO goes on. A duplicate never asks again.
 
         Raises ``Duplicate`` (with the first accept's ID) when the clientMessageID was accepted
         within ``dedupe_ttl`` with the same text and model, ``IdempotencyKeyReused`` (with it
@@ -168,7 +172,7 @@ class Outbox:
         k = session_keys(workspace_id, session_id)
         text = check_text(text)  # before the rest: an oversized body is a 413 first, over HTTP
         cmid = check_client_message_id(client_message_id)
-        reject = check_while_busy(while_busy) == "reject"
+        policy = check_while_busy(while_busy)
         now = self._clock()
         entry = Entry(
             id=_new_id(now),
@@ -193,7 +197,7 @@ class Outbox:
             round(t.dedupe_ttl * 1000),
             to_ms(now),
             self._wait,
-            reject_if_busy=reject,
+            while_busy=policy,
         )
         if reply.outcome is Accept.FULL:
             self.metrics.refused_full.inc()
@@ -218,6 +222,11 @@ class Outbox:
                 raise NotDurable(written, self._wait.level, missing)
         if reply.outcome is Accept.DUPLICATE:
             raise Duplicate(written)
+        if reply.in_flight:
+            # After the durability wait: a turn is never cut for an accept that was lost. Best
+            # effort: the accept stands whatever becomes of the ask.
+            with contextlib.suppress(*TRANSIENT_ERRORS):
+                await self._store.due.ask_abort(k.ws, k.ses, reply.in_flight)
         return entry
 
     def _listed(self, snap: Snapshot) -> list[Entry]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -19,7 +19,7 @@ from ..core.callbacks import DismissResult, EditResult, RetryResult
 from ..core.entry import encode_list, raw_object_fields
 from ..core.errors import Duplicate
 from ..core.keys import CLIENT_MESSAGE_ID_PATTERN
-from ..core.validate import MAX_TEXT_BYTES
+from ..core.validate import MAX_TEXT_BYTES, WhileBusy
 from ..outbox import Outbox
 from .auth import Caller, Principal
 from .errors import ApiError, errors
@@ -54,10 +54,12 @@ class PromptIn(BaseModel):
     model: Any = Field(
         default=None, description="the agent's model selector: any JSON, kept byte for byte"
     )
-    whileBusy: Literal["enqueue", "reject"] = Field(
+    whileBusy: WhileBusy = Field(
         default="enqueue",
         description="when the session holds a prompt that is waiting or being delivered: "
-        "enqueue behind it, or reject (409 session_busy, nothing written)",
+        "enqueue behind it; reject (409 session_busy, nothing written); or interrupt: "
+        "enqueue, and ask the deliverer to abort the turn in flight (best effort; the "
+        "interrupted prompt counts as delivered if the agent kept it)",
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from .entry import Entry
 
@@ -27,6 +28,17 @@ A plain exception is a definitive (proven not delivered) failure; wrap with ``am
 ``transient`` or ``prior_attempt_pending`` for the other classes. Runs detached from whoever
 accepted the prompt, bounded by ``Tunables.delivery_timeout``; the attempt number it drives is
 ``entry.attempts + 1``; ``entry.id`` is the idempotency key to hand the agent."""
+
+
+@runtime_checkable
+class Aborter(Protocol):
+    """A deliverer's optional capability (whileBusy ``interrupt``): ``abort(ws, ses)`` asks the
+    agent to stop the session's turn in flight. The interrupted entry's own ``deliver`` call
+    then returns as the agent answers it: an agent that keeps the aborted prompt in its
+    transcript (opencode answers 200) counts it delivered, so it is never sent again."""
+
+    def abort(self, ws: str, ses: str) -> Awaitable[None]: ...
+
 
 Verifier = Callable[[str, str, Entry], Awaitable[Verdict]]
 """``async (ws, ses, entry) -> Verdict``; raising counts as INCONCLUSIVE."""

@@ -39,6 +39,13 @@ class Metrics:
             "Accepts refused: whileBusy reject, and the session was busy.",
             registry=r,
         )
+        self.aborts = Counter(
+            "prompt_outbox_abort_requests",
+            "whileBusy interrupt: aborts of a turn in flight asked of the deliverer, by outcome"
+            " (asked; failed: the deliverer's abort raised; unsupported: it has no abort).",
+            ["outcome"],
+            registry=r,
+        )
         self.refused_reused = Counter(
             "prompt_outbox_refused_key_reused",
             "Accepts refused: their clientMessageID was accepted for another text or model.",

@@ -110,9 +110,9 @@ def payload_fingerprint(text: str, model: str | None) -> str:
     return digest.hexdigest()[:32]
 
 
-WhileBusy = Literal["enqueue", "reject"]
+WhileBusy = Literal["enqueue", "reject", "interrupt"]
 """What an accept does when its session is busy (issue 13's whileBusy)."""
-WHILE_BUSY: tuple[WhileBusy, ...] = ("enqueue", "reject")
+WHILE_BUSY: tuple[WhileBusy, ...] = ("enqueue", "reject", "interrupt")
 
 
 def check_while_busy(value: object) -> WhileBusy:

@@ -4,8 +4,9 @@ The send is ``POST {base}/session/{id}/message``, which persists the user messag
 blocks until the assistant turn ends. Outcome classes (the seed's):
 
 - a connection refused or a connect timeout: nothing reached opencode (transient);
-- 200: delivered, whether the turn finished, was aborted or failed (the prompt is in the
-  transcript; sending it again would run it twice);
+- 200: delivered, whether the turn finished, was aborted (by ``abort``, for a whileBusy
+  interrupt, or by anyone) or failed (the prompt is in the transcript; sending it again would
+  run it twice);
 - 4xx: definitive (opencode will not take this request: bad body, unknown session);
 - 5xx, a read timeout or a cut mid-turn: ambiguous. opencode answers 500 for errors it meets
   AFTER persisting the user message (an unknown model, for one), so a 5xx must be verified,
@@ -205,6 +206,16 @@ class OpencodeDeliverer:
         if 400 <= status < 500:
             raise RuntimeError(detail)
         raise ambiguous(detail)
+
+    async def abort(self, ws: str, ses: str) -> None:
+        """Abort the session's turn in flight (whileBusy interrupt): ``POST /session/{id}/abort``.
+        The turn's own send then answers 200 (``MessageAbortedError``): its prompt is in the
+        transcript, so it counts as delivered and is never sent again."""
+        target = await self._target(ws, ses)
+        url = f"{target.base_url.rstrip('/')}/session/{target.session_id}/abort"
+        response = await self._client.post(url)
+        if response.status_code >= 300:
+            raise RuntimeError(f"opencode answered {response.status_code} to the abort")
 
     @staticmethod
     def _log_turn_error(response: httpx.Response, entry: Entry) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..core import machine
-from ..core.callbacks import Deliverer, Hook, Verdict, Wiring
+from ..core.callbacks import Aborter, Deliverer, Hook, Verdict, Wiring
 from ..core.entry import Entry, Status, decode_entry
 from ..core.failpoints import CrashPoint, reached
 from ..core.keys import SessionKeys
@@ -54,6 +54,15 @@ class Hold:
     ran: str = ""
 
 
+@dataclass(slots=True)
+class InFlight:
+    """An entry this process is handing to its deliverer now: what an interrupt aborts."""
+
+    entry_id: str
+    deliverer: Deliverer
+    asked: bool = False  # its abort was asked for already
+
+
 class Engine:
     """The per-session delivery step of one Outbox; every write after a send is fenced by the
     lease's token, so a worker that lost its lease cannot write behind the new holder."""
@@ -67,6 +76,7 @@ class Engine:
         self.metrics = metrics
         self.wiring = wiring
         self.forgets = Forgets(store, self._bookkeep)
+        self.in_flight: dict[tuple[str, str], InFlight] = {}  # by (ws, ses)
 
     def now_ms(self) -> int:
         return to_ms(self.clock())
@@ -150,8 +160,13 @@ class Engine:
         reached(CrashPoint.AFTER_STAGE)
         await self._fire(self.wiring.on_staged, "on_staged", k, staged)
         started = time.perf_counter()
-        async with self.lease(k, lockval):
-            failure = await self._bounded(deliverer(k.ws, k.ses, staged))
+        flight = self.in_flight[(k.ws, k.ses)] = InFlight(staged.id, deliverer)
+        try:
+            async with self.lease(k, lockval):
+                failure = await self._bounded(deliverer(k.ws, k.ses, staged))
+        finally:
+            if self.in_flight.get((k.ws, k.ses)) is flight:
+                del self.in_flight[(k.ws, k.ses)]
         reached(CrashPoint.AFTER_DELIVER)
         self.metrics.delivery_seconds.observe(time.perf_counter() - started)
         outcome = machine.classify(failure)
@@ -293,6 +308,24 @@ class Engine:
             every=t.lease_ttl / 3,
             ceiling=t.lock_ttl,
             now_ms=self.now_ms,
+        )
+
+    async def abort(self, ws: str, ses: str, entry_id: str) -> None:
+        """whileBusy interrupt: have the deliverer abort the turn of ``entry_id`` if this
+        process is handing that entry to it now; once, however many loops heard the ask. The
+        entry's own send then ends as the agent answers it (its outcome class decides)."""
+        flight = self.in_flight.get((ws, ses))
+        if flight is None or flight.entry_id != entry_id or flight.asked:
+            return
+        flight.asked = True
+        if not isinstance(flight.deliverer, Aborter):
+            self.metrics.aborts.labels(outcome="unsupported").inc()
+            return
+        failure = await self._bounded(flight.deliverer.abort(ws, ses))
+        self.metrics.aborts.labels(outcome="failed" if failure else "asked").inc()
+        log.info(
+            "abort of the turn in flight asked",
+            extra={"ws": ws, "ses": ses, "entry": entry_id, "error": repr(failure or "")},
         )
 
     async def _bounded(self, call: Awaitable[None]) -> BaseException | None:

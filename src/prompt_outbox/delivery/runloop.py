@@ -21,7 +21,7 @@ from typing import Any
 from ..core.callbacks import Deliverer, Wiring
 from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.settings import Tunables
-from ..storage.dueindex import Mark, Visit
+from ..storage.dueindex import Mark, Visit, parse_abort
 from ..storage.shardsub import ShardSubscriber
 from ..storage.store import TRANSIENT_ERRORS, Store
 from .engine import Engine
@@ -240,15 +240,25 @@ class RunLoop:
             log.exception("session step failed", extra={"ws": k.ws, "ses": k.ses})
 
     def _heard(self, channel: str, ws: str | None) -> None:
-        """A mark published its workspace (visit it at once), or a wake channel was
-        (re)subscribed (``None``: a message may have been missed, so scan the buckets; and
-        when subscribed AGAIN, its node may have restarted, so repair everything once)."""
+        """A mark published its workspace (visit it at once), an interrupt asks for an abort
+        (``DueIndex.ask_abort``), or a wake channel was (re)subscribed (``None``: a message
+        may have been missed, so scan the buckets; and when subscribed AGAIN, its node may
+        have restarted, so repair everything once)."""
+        abort = parse_abort(ws) if ws else None
+        if abort is not None:
+            if abort[:2] in self.active:  # the engine checks the entry: it may be another
+                self.detached.start(self._logged("abort", lambda: self._abort(*abort)))
+            return
         if ws:
             self.woken.add(ws)
         elif channel in self._heard_from:
             self.full_repair = True
         self._heard_from.add(channel)
         self.wake.set()
+
+    async def _abort(self, ws: str, ses: str, entry_id: str) -> int:
+        await self.engine.abort(ws, ses, entry_id)
+        return 0
 
     def _start_pass(self, name: str, body: Callable[[], Coroutine[Any, Any, int]]) -> bool:
         """Start a maintenance pass unless the last one of its kind is still running (then

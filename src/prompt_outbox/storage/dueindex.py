@@ -261,6 +261,15 @@ class DueIndex:
         """The shard channels marks publish on: a run loop subscribes to all of them."""
         return [b.wake for b in buckets()]
 
+    async def ask_abort(self, ws: str, ses: str, entry_id: str) -> None:
+        """whileBusy interrupt: ask whichever run loop is delivering ``entry_id`` of ``ws`` /
+        ``ses`` to abort its turn, on the workspace's wake channel, which every loop hears.
+        Best effort, as pub/sub is: a loop resubscribing at that moment misses it."""
+        channel, message = WorkspaceKeys(ws).bucket.wake, abort_message(ws, ses, entry_id)
+        # execute_command: valkey-py 6.2's cluster client has no spublish(), but routes the
+        # command by its channel.
+        await self.client.execute_command("SPUBLISH", channel, message)
+
     async def migrate_legacy_registry(self, now_ms: int) -> int:
         """Fold the pre-index registry (``outboxworkspaces``) into the buckets, marking each
         workspace due now so a loop visits it once, then delete it. Idempotent; returns how
@@ -271,3 +280,20 @@ class DueIndex:
         if rows:
             await self.client.delete(LEGACY_WORKSPACES)
         return len(rows)
+
+
+_ABORT = "abort"
+
+
+def abort_message(ws: str, ses: str, entry_id: str) -> str:
+    """The wake-channel message that asks for an abort. IDs hold no spaces (``check_id``), so
+    it cannot be taken for a workspace's name, which is what a mark publishes."""
+    return f"{_ABORT} {ws} {ses} {entry_id}"
+
+
+def parse_abort(message: str) -> tuple[str, str, str] | None:
+    """``(ws, ses, entry ID)`` of an abort message; None for anything else (a workspace)."""
+    words = message.split(" ")
+    if len(words) != 4 or words[0] != _ABORT:
+        return None
+    return words[1], words[2], words[3]

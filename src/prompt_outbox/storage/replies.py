@@ -69,11 +69,13 @@ class Confirmation:
 class Accepted:
     """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE or a
     REUSED key; ``confirmation`` what the durability wait saw (None when none was asked, or
-    FULL / REUSED)."""
+    FULL / REUSED); ``in_flight`` the entry being delivered when an ``interrupt`` accept
+    landed ('' if none)."""
 
     outcome: Accept
     accepted_id: str = ""
     confirmation: Confirmation | None = None
+    in_flight: str = ""
 
 
 class Acquire(enum.Enum):

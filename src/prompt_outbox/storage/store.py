@@ -157,28 +157,29 @@ class Store:
         ttl_ms: int,
         now_ms: int,
         wait: waitaof.WaitAof | None = None,
-        reject_if_busy: bool = False,
+        while_busy: str = "enqueue",
     ) -> Accepted:
-        """accept.lua: dedupe (key, then payload ``fingerprint``), ``reject_if_busy``, cap,
-        push, marker, fingerprint; marked due and announced. With ``wait``, then WAITAOF for
-        the accept (or a DUPLICATE's first accept, whose marker is written again for it): in
-        the accept's own pipeline on a standalone server, as a pair of its own on a cluster."""
+        """accept.lua: dedupe (key, then payload ``fingerprint``), ``while_busy`` (a reject
+        refuses a busy session; an interrupt names the entry in flight), cap, push, marker,
+        fingerprint; marked due and announced. With ``wait``, then WAITAOF for the accept (or
+        a DUPLICATE's first accept, whose marker is written again for it): in the accept's
+        own pipeline on a standalone server, as a pair of its own on a cluster."""
         marker = k.dedupe(cmid)
         alone = isinstance(self.client, ValkeyCluster)
         tail = wait.commands() if wait is not None and not alone else []
         keys = [*k.script_keys(), marker, k.fingerprint(cmid)]
-        confirm, busy = int(bool(tail)), int(reject_if_busy)
-        args = [k.ses, entry, entry_id, cap, ttl_ms, confirm, fingerprint, busy]
+        args = [k.ses, entry, entry_id, cap, ttl_ms, int(bool(tail)), fingerprint, while_busy]
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
         first = text(rest[0]) if outcome in (Accept.DUPLICATE, Accept.REUSED) else ""
+        in_flight = text(rest[0]) if outcome is Accept.OK and rest else ""
         if wait is None or outcome in (Accept.FULL, Accept.REUSED, Accept.REJECTED):
-            return Accepted(outcome, first)
+            return Accepted(outcome, first, None, in_flight)
         if answers:
             seen = waitaof.waited(first or entry_id, answers)
         else:
             seen = await waitaof.confirm(self.client, self._scripts["confirm"], marker, wait)
-        return Accepted(outcome, first, seen)
+        return Accepted(outcome, first, seen, in_flight)
 
     async def acquire(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> Acquired:
         """Take the lock if the session needs a worker, and say for what (acquire.lua). A

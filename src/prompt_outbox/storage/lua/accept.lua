@@ -17,11 +17,14 @@
                (same value, same expiry), as confirm.lua does, so the wait covers the
                first accept too. 0: a duplicate writes nothing.
     ARGV[7]    this accept's payload fingerprint (text and model)
-    ARGV[8]    1: whileBusy reject: refuse when the session holds a pending, delivering or
-               verifying entry. 0: enqueue behind them
+    ARGV[8]    whileBusy: 'enqueue' behind what the session holds; 'reject': refuse when
+               the session holds a pending, delivering or verifying entry; 'interrupt':
+               enqueue, and name the entry being delivered (staged), whose turn the caller
+               asks the deliverer to abort
 
   Output:
-    {'ok'}                 pushed, marker set; and a second value, true, when the session was
+    {'ok'[, staged id]}    pushed, marker set; for 'interrupt', the ID of the entry being
+                           delivered, if one is. And a second value, true, when the session was
                            ready already (a holder, staging or a blocking head: the entry waits
                            behind them), so no work became due sooner (marked.lua skips the mark)
     {'duplicate', id}      the marker names the first accept's entry ID, for the same payload;
@@ -45,7 +48,7 @@ if prev then
   return {'duplicate', prev}, true
 end
 -- After the dedupe: a retry of an accept that was taken is its duplicate, busy or not.
-if ARGV[8] == '1' and (redis.call('LLEN', KEYS[D]) > 0 or find_head(KEYS[Q])) then
+if ARGV[8] == 'reject' and (redis.call('LLEN', KEYS[D]) > 0 or find_head(KEYS[Q])) then
   return {'rejected'}, true
 end
 local n = redis.call('LLEN', KEYS[Q]) + redis.call('LLEN', KEYS[D])
@@ -56,4 +59,8 @@ redis.call('SET', KEYS[8], id, 'PX', ttl)
 redis.call('SET', KEYS[9], ARGV[7], 'PX', ttl)
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.
 local readied = index_pushed(KEYS, ses, n, 0)
+if ARGV[8] == 'interrupt' then
+  local staged = decode(redis.call('LINDEX', KEYS[D], 0) or '')
+  if staged and type(staged.id) == 'string' then return {'ok', staged.id}, not readied end
+end
 return {'ok'}, not readied
