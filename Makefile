@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all chaos bench lint demo clean
+.PHONY: install test test-all chaos bench lint demo clean client-types
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,12 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.http --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.peers --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.summary --results bench-results.jsonl --doc docs/performance.md
+
+# The TypeScript client's generated types: clients/typescript/openapi.json from `prompt-outbox
+# openapi`, then src/schema.ts from it (openapi-typescript, `npm run types`). Run it after any
+# change to the HTTP API; `make test` fails while the committed files differ from the code's.
+client-types: $(STAMP)
+	$(BIN)/python -m devtools.client_types
 
 demo: $(STAMP)
 	$(BIN)/prompt-outbox demo

@@ -124,3 +124,22 @@ def run_script(
             f"npm run {script} in {_relative(project)} exited {done.returncode}", done.stdout
         )
     return done.stdout
+
+
+def run_bin(project: Path, name: str, args: Sequence[str], *, timeout: float = 300.0) -> str:
+    """Run ``node_modules/.bin/<name> <args>`` of ``project`` (installed first); its output.
+    Raises NpmScriptFailed, with the output, when it exits non-zero."""
+    ensure_installed(project)
+    done = subprocess.run(
+        [str(project / "node_modules" / ".bin" / name), *args],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise NpmScriptFailed(
+            f"{name} in {_relative(project)} exited {done.returncode}", done.stdout
+        )
+    return done.stdout
