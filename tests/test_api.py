@@ -363,3 +363,45 @@ async def test_the_fast_accept_path_and_the_fastapi_route_answer_alike(outbox: O
     statuses = [status for status, _ in fast]
     assert statuses == [202, 200, 401, 403, 400, 400, 422, 202, 413, 202, 200, 422, 400, 400], fast
     assert [doc["replayed"] for _, doc in fast if isinstance(doc, dict)].count("true") == 2
+
+
+APP_ORIGIN = "http://app.test:3000"
+
+
+async def test_cors_lets_the_named_origins_pages_call_it_and_no_other(outbox: Outbox) -> None:
+    async for http in serve(outbox, cors_origins=[APP_ORIGIN]):
+        # The browser's preflight for a POST with a bearer token and an Idempotency-Key.
+        asks = {
+            "Origin": APP_ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type,idempotency-key",
+        }
+        pre = await http.options(URL, headers=asks)
+        assert pre.status_code == 200
+        assert pre.headers["access-control-allow-origin"] == APP_ORIGIN
+        assert "idempotency-key" in pre.headers["access-control-allow-headers"].lower()
+        # The accept (answered by the fast path) carries the headers, and exposes the replay.
+        body = {"clientMessageID": "cors-1", "text": "hi"}
+        sent = {**ALICE, "Origin": APP_ORIGIN}
+        assert (await http.post(URL, json=body, headers=sent)).status_code == 202
+        again = await http.post(URL, json=body, headers=sent)
+        assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
+        assert again.headers["access-control-allow-origin"] == APP_ORIGIN
+        assert "idempotent-replayed" in again.headers["access-control-expose-headers"].lower()
+        listed = await http.get(URL, headers=sent)  # a FastAPI route too
+        assert listed.headers["access-control-allow-origin"] == APP_ORIGIN
+        # Another origin gets no grant: its page cannot read the answer.
+        other = await http.get(URL, headers={**ALICE, "Origin": "http://evil.test"})
+        assert "access-control-allow-origin" not in other.headers
+        refused = await http.options(URL, headers={**asks, "Origin": "http://evil.test"})
+        assert refused.status_code == 400
+    # Without --cors-origin, no grant at all (same origin only).
+    async for http in serve(outbox):
+        plain = await http.get(URL, headers={**ALICE, "Origin": APP_ORIGIN})
+        assert "access-control-allow-origin" not in plain.headers
+
+
+def test_serve_refuses_a_cors_origin_that_is_no_origin() -> None:
+    for bad in ["app.test", "http://app.test/path", "ftp://app.test"]:
+        done = CliRunner().invoke(main, ["serve", "--no-auth", "--cors-origin", bad])
+        assert done.exit_code == 2 and "--cors-origin wants" in done.output, done.output

@@ -7,7 +7,10 @@ exception to its status, ``auth`` checks tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
 from ..outbox import Outbox
@@ -19,10 +22,15 @@ from .streams import StreamGate, StreamLimits
 
 
 def create_app(
-    outbox: Outbox, tokens: TokenTable, *, streams: StreamLimits | None = None
+    outbox: Outbox,
+    tokens: TokenTable,
+    *,
+    streams: StreamLimits | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> FastAPI:
     """The API over ``outbox``; ``tokens`` decides who may touch which workspace;
-    ``streams`` bounds the open event streams (per process, per token)."""
+    ``streams`` bounds the open event streams (per process, per token); ``cors_origins``
+    are the origins (``https://app.example``) whose pages may call it from a browser."""
     # No trailing-slash redirects: an empty ID ("/prompts/") is a plain 404, not a 307.
     app = FastAPI(
         title="prompt-outbox",
@@ -36,4 +44,14 @@ def create_app(
     for router in (prompts.router, tickets.router, workspaces.router, health.router):
         app.include_router(router)
     app.add_middleware(AcceptFastPath)  # the hot route, answered before FastAPI routes it
+    if cors_origins:  # added last, so outermost: the fast path's answers get the headers too
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
+            # Bearer tokens, never cookies: no credentials mode.
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+            expose_headers=["Idempotent-Replayed", "Retry-After"],
+            max_age=600,
+        )
     return app

@@ -9,6 +9,7 @@ import gc
 import ipaddress
 import json
 import logging
+import re
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
@@ -50,6 +51,7 @@ def _is_loopback(host: str) -> bool:
 
 LOOPS = ("auto", "uvloop", "asyncio")
 HTTP_PARSERS = ("auto", "httptools", "h11")
+_ORIGIN = re.compile(r"https?://[^/\s]+")  # what a browser sends as Origin: no path
 
 
 def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -104,9 +106,10 @@ async def run_api(
     *,
     http: str = "auto",
     access_log: bool = False,
+    cors_origins: tuple[str, ...] = (),
 ) -> None:
     """Serve the API until SIGINT / SIGTERM."""
-    app = create_app(outbox, tokens, streams=streams)
+    app = create_app(outbox, tokens, streams=streams, cors_origins=cors_origins)
     config = uvicorn.Config(
         app,
         host=host,
@@ -162,6 +165,14 @@ async def run_api(
     "path; docs/performance.md has the figure)",
 )
 @click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    envvar="PROMPT_OUTBOX_CORS_ORIGINS",
+    help="an origin (https://app.example) whose pages may call the API from a browser; "
+    "repeat it, or give several in the variable, space-separated (none: same origin only)",
+)
+@click.option(
     "--loop",
     type=click.Choice(LOOPS),
     default="auto",
@@ -191,11 +202,15 @@ def serve(
     max_streams: int,
     max_streams_per_token: int,
     access_log: bool,
+    cors_origins: tuple[str, ...],
     loop: str,
     http_parser: str,
     **delivery: str | float | None,
 ) -> None:
     """Run the HTTP API and the delivery workers in one process."""
+    for origin in cors_origins:
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            raise click.UsageError(f"--cors-origin wants scheme://host[:port], got {origin!r}")
     if no_auth and not _is_loopback(host):
         raise click.UsageError("--no-auth is only allowed on a loopback --host")
     if not no_auth and tokens_file is None:
@@ -219,7 +234,14 @@ def serve(
         async with opened as outbox, contextlib.aclosing(outbox), delivering(outbox, chosen):
             limits = StreamLimits(per_process=max_streams, per_token=max_streams_per_token)
             await run_api(
-                outbox, tokens, host, port, limits, http=http_parser, access_log=access_log
+                outbox,
+                tokens,
+                host,
+                port,
+                limits,
+                http=http_parser,
+                access_log=access_log,
+                cors_origins=cors_origins,
             )
 
     run_on(loop, main)
