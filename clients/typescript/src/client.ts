@@ -1,0 +1,226 @@
+/**
+ * `OutboxClient`: the whole API of one prompt-outbox service, for browsers and Node.
+ *
+ * @module
+ */
+import { Backoff, type BackoffOptions } from "./backoff.js";
+import { OutboxError } from "./errors.js";
+import { sessionPath, Transport, type FetchLike, type TokenSource } from "./http.js";
+import { postUntilAnswered, type SendResult } from "./send.js";
+import { MemoryStore, type PendingPrompt, type PromptStore } from "./store.js";
+import type { Edited, EditFields, Entry, EntryList, Retried, Ticket, WhileBusy } from "./types.js";
+import {
+  watchSession,
+  type TicketProvider,
+  type WatchHandle,
+  type WatchHandlers,
+  type WatchOptions,
+} from "./watch.js";
+
+/** How to reach the service. */
+export interface OutboxClientOptions {
+  /** The service's origin (and path prefix, if any), e.g. `http://127.0.0.1:8080`. */
+  baseUrl: string;
+  /** The bearer token, or a function giving the current one. Leave out with `--no-auth`. */
+  token?: TokenSource;
+  /** The fetch to use (default: the global `fetch`). */
+  fetch?: FetchLike;
+  /** Where unacknowledged prompts wait (default: a `MemoryStore`). */
+  store?: PromptStore;
+  /** The spacing of send retries and watch reconnects. */
+  backoff?: BackoffOptions;
+  /**
+   * How `watch` authenticates its stream. `"header"` (the default): the bearer token in an
+   * `Authorization` header. `"ticket"`: before each (re)connect, mint a stream ticket with the
+   * token (`ticket(ws)`) and open the stream with `?ticket=`. A function: call it before each
+   * (re)connect for a ticket (e.g. from your own backend) and send no token with the stream.
+   */
+  streamAuth?: "header" | "ticket" | TicketProvider;
+}
+
+/** Options of one `send`. */
+export interface SendOptions {
+  /** The agent's model selector: any JSON value, passed through byte for byte. */
+  model?: unknown;
+  /**
+   * What to do if the session is busy: `enqueue` (the default), `reject` (409 `session_busy`,
+   * a final refusal), or what else the API's `whileBusy` offers (the type follows the schema).
+   */
+  whileBusy?: WhileBusy;
+  /** Abort the send (the prompt stays in the store: `resumePending` finishes it). */
+  signal?: AbortSignal;
+}
+
+/** Options of a thin call. */
+export interface CallOptions {
+  signal?: AbortSignal;
+}
+
+/** What `resumePending` did with one stored prompt. */
+export type ResumeResult =
+  | { prompt: PendingPrompt; ok: true; result: SendResult }
+  | { prompt: PendingPrompt; ok: false; error: unknown };
+
+/**
+ * A client of one prompt-outbox service.
+ *
+ * Sending is idempotent and survives reloads: `send` writes the prompt to the store under a
+ * fresh key before the first POST, retries with that key until the service answers for
+ * good, and only then removes it; `resumePending` re-sends what a previous page left there.
+ */
+export class OutboxClient {
+  /** The store of unacknowledged prompts. */
+  readonly store: PromptStore;
+  private readonly transport: Transport;
+  private readonly backoff: Backoff;
+  private readonly streamAuth: OutboxClientOptions["streamAuth"];
+  private readonly inFlight = new Set<string>();
+
+  constructor(options: OutboxClientOptions) {
+    this.transport = new Transport(options.baseUrl, options.token, options.fetch);
+    this.store = options.store ?? new MemoryStore();
+    this.backoff = new Backoff(options.backoff);
+    this.streamAuth = options.streamAuth ?? "header";
+  }
+
+  /**
+   * Hand a prompt to the outbox, exactly once.
+   *
+   * Mints a key (`crypto.randomUUID()`), saves the prompt in the store, then POSTs it with
+   * the key as `Idempotency-Key` and `clientMessageID`. No answer, 408, 429 and 5xx (503
+   * `not_durable` included) are retried with the same key, after exponential backoff with
+   * full jitter (at least `Retry-After`). A 2xx resolves (202 accepted, or 200: a replay,
+   * the prompt was already there) and removes the prompt from the store. Any other 4xx
+   * removes it and rejects with that `OutboxError` (for 422 `idempotency_key_reused`, its
+   * `id` is the entry the key was first accepted as). An abort, or running out of
+   * `backoff.maxAttempts`, rejects and leaves the prompt in the store.
+   */
+  async send(ws: string, ses: string, text: string, options: SendOptions = {}): Promise<SendResult> {
+    const prompt: PendingPrompt = { key: crypto.randomUUID(), ws, ses, text, createdAt: Date.now() };
+    if (options.model !== undefined) prompt.model = options.model;
+    if (options.whileBusy !== undefined) prompt.whileBusy = options.whileBusy;
+    this.inFlight.add(prompt.key);
+    try {
+      await this.store.save(prompt);
+      return await this.deliver(prompt, options.signal);
+    } finally {
+      this.inFlight.delete(prompt.key);
+    }
+  }
+
+  /**
+   * Send again every prompt in the store that no `send` of this client is working on (what a
+   * page that reloaded mid-send left behind), each with its own key, so each lands once.
+   * Within a session they go one after the other, oldest first; sessions go in parallel.
+   * Never rejects: each prompt's outcome is in the results (same rules as `send`).
+   */
+  async resumePending(options: CallOptions = {}): Promise<ResumeResult[]> {
+    const stored = (await this.store.all())
+      .filter((p) => !this.inFlight.has(p.key))
+      .sort((a, b) => a.createdAt - b.createdAt);
+    const bySession = new Map<string, PendingPrompt[]>();
+    for (const prompt of stored) {
+      const name = JSON.stringify([prompt.ws, prompt.ses]);
+      bySession.set(name, [...(bySession.get(name) ?? []), prompt]);
+    }
+    const outcomes = new Map<string, ResumeResult>();
+    await Promise.all(
+      [...bySession.values()].map(async (prompts) => {
+        for (const prompt of prompts) {
+          this.inFlight.add(prompt.key);
+          try {
+            const result = await this.deliver(prompt, options.signal);
+            outcomes.set(prompt.key, { prompt, ok: true, result });
+          } catch (error) {
+            outcomes.set(prompt.key, { prompt, ok: false, error });
+          } finally {
+            this.inFlight.delete(prompt.key);
+          }
+        }
+      }),
+    );
+    return stored.flatMap((p) => {
+      const outcome = outcomes.get(p.key);
+      return outcome === undefined ? [] : [outcome];
+    });
+  }
+
+  /**
+   * Follow a session: `onReset` with the whole queue, then `onUpdate` per change, over SSE
+   * read with `fetch`. After a break it reconnects (exponential backoff) with `Last-Event-ID`,
+   * and gets exactly the changes it missed (or a fresh reset if the server no longer has
+   * them). See `OutboxClientOptions.streamAuth` for tickets. Returns at once; `close()` stops.
+   */
+  watch(ws: string, ses: string, handlers: WatchHandlers, options: WatchOptions = {}): WatchHandle {
+    let ticket: TicketProvider | undefined;
+    if (this.streamAuth === "ticket") {
+      ticket = async (forWs, signal) => (await this.ticket(forWs, { signal })).ticket;
+    } else if (typeof this.streamAuth === "function") {
+      ticket = this.streamAuth;
+    }
+    return watchSession(
+      { transport: this.transport, backoff: this.backoff, ticket },
+      ws,
+      ses,
+      handlers,
+      options,
+    );
+  }
+
+  /** The session's entries in FIFO order (staged first). */
+  async list(ws: string, ses: string, options: CallOptions = {}): Promise<Entry[]> {
+    const path = sessionPath(ws, ses, "/prompts");
+    const answer = await this.transport.json<EntryList>("GET", path, { signal: options.signal });
+    return answer.entries;
+  }
+
+  /**
+   * Re-arm an `error` entry. `OutboxError` 404 (`isNotFound`) when there is no error entry
+   * with that ID; 409 `busy` (`isBusy`) while a delivery holds the session.
+   */
+  async retry(ws: string, ses: string, id: string, options: CallOptions = {}): Promise<Retried> {
+    const path = sessionPath(ws, ses, `/prompts/${encodeURIComponent(id)}/retry`);
+    return this.transport.json<Retried>("POST", path, { signal: options.signal });
+  }
+
+  /** Remove an entry. `OutboxError` 404 when absent; 409 `busy` while a delivery holds the session. */
+  async dismiss(ws: string, ses: string, id: string, options: CallOptions = {}): Promise<void> {
+    const path = sessionPath(ws, ses, `/prompts/${encodeURIComponent(id)}`);
+    await this.transport.json<undefined>("DELETE", path, { signal: options.signal });
+  }
+
+  /**
+   * Replace the text or model (`model: null` removes it) of a `pending` or `error` entry
+   * before it is sent. `OutboxError` 404 when absent; 409 `busy` while a delivery holds the
+   * session, 409 `not_editable` once it is staged, verifying or parked.
+   */
+  async edit(
+    ws: string,
+    ses: string,
+    id: string,
+    changes: EditFields,
+    options: CallOptions = {},
+  ): Promise<Edited> {
+    const path = sessionPath(ws, ses, `/prompts/${encodeURIComponent(id)}`);
+    return this.transport.json<Edited>("PATCH", path, { body: changes, signal: options.signal });
+  }
+
+  /** A stream ticket for the workspace's event streams (valid `expiresIn` seconds). */
+  async ticket(ws: string, options: CallOptions = {}): Promise<Ticket> {
+    const path = `/v1/workspaces/${encodeURIComponent(ws)}/events/ticket`;
+    return this.transport.json<Ticket>("POST", path, { signal: options.signal });
+  }
+
+  /** POST a stored prompt until answered; remove it from the store unless it may still land. */
+  private async deliver(prompt: PendingPrompt, signal?: AbortSignal): Promise<SendResult> {
+    let result: SendResult;
+    try {
+      result = await postUntilAnswered(this.transport, this.backoff, prompt, signal);
+    } catch (err) {
+      if (err instanceof OutboxError && !err.retryable) await this.store.remove(prompt.key);
+      throw err;
+    }
+    await this.store.remove(prompt.key);
+    return result;
+  }
+}

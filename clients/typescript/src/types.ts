@@ -1,0 +1,88 @@
+/**
+ * The API's bodies and answers, named. Every type here is derived from the generated
+ * `schema.ts` (openapi-typescript over `openapi.json`), except where a comment says it is
+ * hand-written because the OpenAPI document does not describe it.
+ *
+ * @module
+ */
+import type { components, paths } from "./schema.js";
+
+type Schemas = components["schemas"];
+type PromptsRoute = paths["/v1/workspaces/{ws}/sessions/{ses}/prompts"];
+
+/** One queued prompt, as `list()` and the event stream give it (the API's `EntryOut`). */
+export type Entry = Schemas["EntryOut"];
+/** Where an entry stands: `pending`, `delivering`, `verifying`, `error` or `parked`. */
+export type EntryStatus = Entry["status"];
+/** The answer to an accept: 202 `{id, status}`, or 200 `{id, duplicate: true}` for a replay. */
+export type Accepted = Schemas["Accepted"];
+/** Every refusal's JSON: a stable `error` code, a `detail`, and for some codes an `id`. */
+export type ErrorBody = Schemas["ErrorBody"];
+/** A stream ticket: `{ticket, expiresIn}` (seconds). */
+export type Ticket = Schemas["Ticket"];
+/** The answer to `retry()`: `{id, status: "pending"}`. */
+export type Retried = Schemas["Retried"];
+/** The answer to `edit()`: `{id, edited: true}`. */
+export type Edited = Schemas["EditedOut"];
+/** The answer to `list()`: `{entries}`, in FIFO order (also a `queue.reset`'s data). */
+export type EntryList = Schemas["EntryList"];
+/** The accept's POST body: `{clientMessageID, text, model?, whileBusy?}`. */
+export type PromptBody = PromptsRoute["post"]["requestBody"]["content"]["application/json"];
+/** What an accept does when the session is busy: the API's `whileBusy` values (`enqueue`, the default, `reject`, ...). */
+export type WhileBusy = NonNullable<PromptBody["whileBusy"]>;
+
+/**
+ * The PATCH body of `edit()`: a new `text`, a new `model` (`null` removes it), or both.
+ *
+ * Derived from the accept's body: the generated type of the PATCH body is `unknown`, because
+ * openapi-typescript turns its `anyOf` (text or model required) into `... | unknown`. The
+ * fields are the accept's, with the same rules.
+ */
+export type EditFields = Partial<Pick<PromptBody, "text" | "model">>;
+
+/**
+ * What a `queue.update` says happened (hand-written: the OpenAPI document does not describe
+ * the event stream's messages). `sent` (delivered and gone) and `dismissed` carry no entry;
+ * the others are the entry's new status, or `accepted` / `edited`.
+ */
+export type UpdateKind =
+  | "accepted"
+  | "delivering"
+  | "sent"
+  | "pending"
+  | "verifying"
+  | "error"
+  | "parked"
+  | "edited"
+  | "dismissed"
+  | (string & {});
+
+/**
+ * `event: queue.reset`: the whole queue as of `eventId` (hand-written wrapper; `entries` are
+ * the generated `Entry`). It is the first message of a stream, and comes again only when a
+ * resume point is no longer in the server's capped log.
+ */
+export interface QueueReset {
+  readonly type: "reset";
+  /** The SSE `id:`: the resume point. */
+  readonly eventId: string;
+  readonly entries: Entry[];
+}
+
+/**
+ * `event: queue.update`: one change (hand-written wrapper over the data `{kind, id, entry}`).
+ * `entry` is the entry's new state (the stored form: an `Entry` without `blockedByInFlight` /
+ * `inFlightFor`), or `null` once it is gone (`sent`, `dismissed`).
+ */
+export interface QueueUpdate {
+  readonly type: "update";
+  /** The SSE `id:`: the resume point. */
+  readonly eventId: string;
+  readonly kind: UpdateKind;
+  /** The entry's ID. */
+  readonly id: string;
+  readonly entry: Entry | null;
+}
+
+/** A message of a session's event stream. */
+export type QueueEvent = QueueReset | QueueUpdate;
