@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from devtools import client_types, npm
+from devtools import client_types, npm, ts_client
 
 STALE = "is stale: run `make client-types` and commit both files"
 
@@ -44,3 +44,27 @@ def test_the_committed_schema_is_what_openapi_typescript_generates(node: Path) -
     want = client_types.schema_for(client_types.OPENAPI)
     got = client_types.SCHEMA.read_text()
     assert got == want, f"clients/typescript/src/schema.ts {STALE}\n{_diff(want, got, 'schema')}"
+
+
+@pytest.fixture(scope="module")
+def built(node: Path) -> Path:
+    ts_client.ensure_built()
+    return node
+
+
+def test_the_build_gives_esm_modules_types_and_a_browser_bundle(built: Path) -> None:
+    dist = ts_client.DIST
+    for name in ("index.js", "index.d.ts", "client.js", "schema.d.ts", "browser.js"):
+        assert (dist / name).is_file(), name
+    bundle = ts_client.BUNDLE.read_text()
+    assert "export {" in bundle and "OutboxClient" in bundle  # ESM, with the client
+    assert "eventsource-parser" not in bundle.replace("// node_modules/eventsource-parser", "")
+    assert not any(line.startswith("import ") for line in bundle.splitlines())  # all bundled
+
+
+@pytest.mark.timeout(240)
+def test_the_node_tests_pass_against_a_real_serve(built: Path) -> None:
+    run = ts_client.run_tests(built)
+    tail = run.output[-15000:]
+    assert run.returncode == 0, f"node --test failed:\n{tail}"
+    assert run.count("fail") == 0 and run.count("pass") >= 20, f"too few tests ran:\n{tail}"

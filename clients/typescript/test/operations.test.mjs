@@ -1,0 +1,111 @@
+// list / retry / dismiss / edit / ticket: thin typed calls, refusals as OutboxError, and a
+// 409 busy (a delivery holds the session) told apart from a 404.
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { OutboxClient, OutboxError } from "../dist/index.js";
+import { FAST, TOKEN, WS, delivered, stack, until } from "./harness.mjs";
+
+let env;
+let client;
+before(async () => {
+  // One failed delivery puts an entry in error at once; the agent rejects "reject..." texts
+  // (400: a definitive failure) and holds "hang..." ones until released.
+  env = await stack({
+    tunables: { max_attempts: 1 },
+    behave: (entry) => (entry.text.startsWith("reject") ? 400 : entry.text.startsWith("hang") ? "hang" : "ok"),
+  });
+  client = new OutboxClient({ baseUrl: env.serve.url, token: TOKEN, backoff: FAST });
+});
+after(async () => {
+  await env?.close();
+});
+
+async function refusal(promise) {
+  const err = await promise.then(
+    () => assert.fail("resolved"),
+    (e) => e,
+  );
+  assert.ok(err instanceof OutboxError, String(err));
+  return err;
+}
+
+const statusOf = async (ses, id) => (await client.list(WS, ses)).find((e) => e.id === id)?.status;
+
+test("while a delivery holds the session: list shows it, and dismiss / edit / retry are 409 busy, not 404", { timeout: 30_000 }, async () => {
+  const ses = "s-busy";
+  const held = await client.send(WS, ses, "hang until released");
+  await until(async () => (await statusOf(ses, held.id)) === "delivering", "the delivery to start");
+  const queued = await client.send(WS, ses, "behind it");
+  const entries = await client.list(WS, ses);
+  assert.deepEqual(entries.map((e) => [e.id, e.status, e.text]), [
+    [held.id, "delivering", "hang until released"],
+    [queued.id, "pending", "behind it"],
+  ]);
+  assert.equal(entries[1].blockedByInFlight, true);
+  assert.equal(entries[1].clientMessageID, queued.key);
+  for (const call of [
+    () => client.dismiss(WS, ses, queued.id),
+    () => client.edit(WS, ses, queued.id, { text: "changed" }),
+    () => client.retry(WS, ses, queued.id),
+  ]) {
+    const err = await refusal(call());
+    assert.equal(err.status, 409);
+    assert.equal(err.code, "busy");
+    assert.equal(err.isBusy, true);
+    assert.equal(err.isNotFound, false);
+  }
+  env.agent.release();
+  await delivered(env, ses, queued.id);
+  assert.deepEqual(env.agent.texts(ses), ["hang until released", "behind it"]);
+});
+
+test("absent entries are 404 not_found, not busy", { timeout: 30_000 }, async () => {
+  const ses = "s-absent";
+  for (const call of [
+    () => client.dismiss(WS, ses, "no-such-entry"),
+    () => client.edit(WS, ses, "no-such-entry", { model: null }),
+    () => client.retry(WS, ses, "no-such-entry"),
+  ]) {
+    const err = await refusal(call());
+    assert.equal(err.status, 404);
+    assert.equal(err.code, "not_found");
+    assert.equal(err.isNotFound, true);
+    assert.equal(err.isBusy, false);
+  }
+});
+
+test("an error entry: edit its text, retry it, and it is delivered edited; dismiss removes another", { timeout: 30_000 }, async () => {
+  const ses = "s-error";
+  const failed = await client.send(WS, ses, "reject this", { model: "p/m" });
+  await until(async () => (await statusOf(ses, failed.id)) === "error", "the entry to fail");
+  assert.deepEqual(await client.edit(WS, ses, failed.id, { text: "fixed text", model: null }), { id: failed.id, edited: true });
+  const [edited] = await client.list(WS, ses);
+  assert.equal(edited.text, "fixed text");
+  assert.equal(edited.model, undefined);
+  assert.deepEqual(await client.retry(WS, ses, failed.id), { id: failed.id, status: "pending" });
+  await delivered(env, ses, failed.id);
+  assert.deepEqual(env.agent.texts(ses), ["reject this", "fixed text"]);
+
+  const other = await client.send(WS, ses, "reject me too");
+  await until(async () => (await statusOf(ses, other.id)) === "error", "the second to fail");
+  assert.equal(await client.dismiss(WS, ses, other.id), undefined);
+  assert.deepEqual(await client.list(WS, ses), []);
+  const err = await refusal(client.dismiss(WS, ses, other.id));
+  assert.equal(err.status, 404);
+});
+
+test("ticket(): a stream ticket for the token's workspace; 403 for another", { timeout: 30_000 }, async () => {
+  const t = await client.ticket(WS);
+  assert.equal(typeof t.ticket, "string");
+  assert.equal(t.expiresIn, 60);
+  const err = await refusal(client.ticket("elsewhere"));
+  assert.equal(err.status, 403);
+});
+
+test("no answer at all is an OutboxError too (status 0, network_error)", { timeout: 30_000 }, async () => {
+  const down = new OutboxClient({ baseUrl: "http://127.0.0.1:1", token: TOKEN });
+  const err = await refusal(down.list(WS, "s"));
+  assert.equal(err.status, 0);
+  assert.equal(err.code, "network_error");
+  assert.equal(err.retryable, true);
+});
