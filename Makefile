@@ -20,10 +20,22 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+# The browser test (tests/test_browser_client.py) drives Debian's Chromium with Playwright, which
+# never downloads a browser here: install it once where it is missing (as root, with apt-get).
+CHROMIUM := /usr/bin/chromium
+
+$(CHROMIUM):
+	@if command -v apt-get >/dev/null; then \
+	  echo "installing Debian's chromium for the browser test ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+	  echo "no apt-get: install Chromium at $(CHROMIUM) for tests/test_browser_client.py"; \
+	fi
+
+test: lint $(CHROMIUM)
 	$(BIN)/pytest -q
 
-test-all: lint
+test-all: lint $(CHROMIUM)
 	$(BIN)/pytest -q -m ''
 
 # Every chaos scenario, the long runs included (~17 min): worker / Valkey / network faults at full size,
