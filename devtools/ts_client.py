@@ -2,10 +2,10 @@
 
     .venv/bin/python -m devtools.ts_client        # npm ci (once), build, node --test
 
-``ensure_built()`` runs ``npm run build`` (tsc to ``dist/``, then the esbuild browser bundle
-``dist/browser.js``) unless ``dist/`` was built from exactly the current sources: a stamp in
-``dist/`` holds the hash of ``src/``, the configs and the lock, so a test run that changed
-nothing costs no build.
+``ensure_built()`` runs ``npm run build`` (tsc to ``dist/``, a type check of the tests against
+the emitted ``.d.ts``, then the esbuild browser bundle ``dist/browser.js``) unless ``dist/`` was
+built from exactly the current sources: a stamp in ``dist/`` holds the hash of ``src/``, the
+tests, the configs and the lock, so a test run that changed nothing costs no build.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ TEST_TIMEOUT = 180.0
 def sources_hash() -> str:
     """The hash of everything the build reads."""
     digest = hashlib.sha256()
-    files = sorted((CLIENT / "src").rglob("*.ts"))
-    files += [CLIENT / name for name in ("tsconfig.json", "package.json", "package-lock.json")]
+    files = sorted((CLIENT / "src").rglob("*.ts")) + sorted((CLIENT / "test").glob("*.mjs"))
+    configs = ("tsconfig.json", "tsconfig.test.json", "package.json", "package-lock.json")
+    files += [CLIENT / name for name in configs]
     for path in files:
         digest.update(str(path.relative_to(CLIENT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()

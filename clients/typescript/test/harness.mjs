@@ -29,6 +29,12 @@ function serveBin() {
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** The port a listening server is bound to. */
+const portOf = (server) => /** @type {import("node:net").AddressInfo} */ (server.address()).port;
+
+/** Listen on a free loopback port. */
+const listen = (server) => new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve(undefined)));
+
 /** Wait until `check()` is truthy (it may be async); fail with `what` after `ms`. */
 export async function until(check, what, ms = 15_000) {
   const deadline = Date.now() + ms;
@@ -45,7 +51,7 @@ export function freePort() {
     const server = net.createServer();
     server.once("error", reject);
     server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address();
+      const port = portOf(server);
       server.close(() => resolve(port));
     });
   });
@@ -82,7 +88,10 @@ export class Serve {
     this.webhook = webhook;
     this.tunables = tunables;
     this.auth = auth;
+    /** @type {import("node:child_process").ChildProcess | undefined} */
     this.proc = undefined;
+    /** @type {Promise<unknown> | undefined} */
+    this.exited = undefined;
     this.output = "";
   }
 
@@ -124,7 +133,7 @@ export class Serve {
       groups.add(proc.pid);
       this.proc = proc;
       const exited = new Promise((resolve) => proc.once("exit", resolve));
-      proc.exited = exited;
+      this.exited = exited;
       for (const stream of [proc.stdout, proc.stderr]) {
         stream.on("data", (chunk) => {
           this.output = (this.output + chunk).slice(-20_000);
@@ -152,7 +161,7 @@ export class Serve {
     try {
       process.kill(-proc.pid, "SIGKILL");
     } catch {}
-    await proc.exited;
+    await this.exited;
     groups.delete(proc.pid);
   }
 }
@@ -174,7 +183,9 @@ function readBody(req) {
 export class Agent {
   constructor() {
     this.received = []; // {key, ws, ses, entry, signed}
+    /** @type {(entry: any) => "ok" | "hang" | number} */
     this.behave = () => "ok";
+    /** @type {Array<(value?: unknown) => void>} */
     this.releases = [];
     this.server = http.createServer(async (req, res) => {
       const url = new URL(req.url, "http://x");
@@ -205,16 +216,16 @@ export class Agent {
   }
 
   async start() {
-    await new Promise((resolve) => this.server.listen(0, "127.0.0.1", resolve));
+    await listen(this.server);
     return this;
   }
 
   get url() {
-    return `http://127.0.0.1:${this.server.address().port}/hook`;
+    return `http://127.0.0.1:${portOf(this.server)}/hook`;
   }
 
   get verifyUrl() {
-    return `http://127.0.0.1:${this.server.address().port}/verify`;
+    return `http://127.0.0.1:${portOf(this.server)}/verify`;
   }
 
   /** Deliveries of the entry with this ID. */
@@ -258,12 +269,12 @@ export class Proxy {
   }
 
   async start() {
-    await new Promise((resolve) => this.server.listen(0, "127.0.0.1", resolve));
+    await listen(this.server);
     return this;
   }
 
   get url() {
-    return `http://127.0.0.1:${this.server.address().port}`;
+    return `http://127.0.0.1:${portOf(this.server)}`;
   }
 
   posts() {
@@ -341,7 +352,10 @@ export class Proxy {
   }
 }
 
-/** A serve (auth on) behind a proxy, delivering to a recording agent: what most tests need. */
+/**
+ * A serve (auth on) behind a proxy, delivering to a recording agent: what most tests need.
+ * @param {{ tunables?: object, behave?: (entry: any) => "ok" | "hang" | number }} [options]
+ */
 export async function stack({ tunables, behave } = {}) {
   const dir = tempDir();
   const agent = await new Agent().start();
