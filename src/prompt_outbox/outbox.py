@@ -42,6 +42,7 @@ from .delivery.lease import held_for
 from .delivery.maintenance import Maintenance
 from .delivery.runloop import RunLoop, Wakeups
 from .delivery.tasks import Detached
+from .overview import Overview
 from .storage.client import Client
 from .storage.durability import DurabilityReport, resolve_durability
 from .storage.feed import EventFeed, FeedLimits
@@ -86,6 +87,8 @@ class Outbox:
         self._engine = Engine(self._store, t, self._clock, self.metrics, self._wiring)
         self._maintenance = Maintenance(self._store, self._engine, t, self.metrics, self._wiring)
         self._admin = Admin(self._store, self._engine, self._maintenance, self.metrics)
+        self.overview = Overview(self._store, t, self._clock)
+        """Workspaces and sessions with their counts, in pages (the queue page's overview)."""
         self._detached = Detached()
         self._wakeups = Wakeups()
         self._feed = EventFeed(self._store, feed)

@@ -126,18 +126,28 @@ async def principal(request: Request) -> Principal:
     )
 
 
-def authenticate(tokens: TokenTable, authorization: str, ws: str) -> Principal:
-    """The Principal of an ``Authorization`` header that may act on ``ws``, or the refusal:
-    401 (no valid bearer token), 403 (not this workspace)."""
+def authenticate(tokens: TokenTable, authorization: str, ws: str | None) -> Principal:
+    """The Principal of an ``Authorization`` header that may act on ``ws`` (any token, for
+    None), or the refusal: 401 (no valid bearer token), 403 (not this workspace)."""
     found = tokens.lookup(bearer(authorization))
     if found is None:
         raise ApiError(401, "unauthorized", "a valid bearer token is required")
-    if not found.may_use(ws):
+    if ws is not None and not found.may_use(ws):
         raise ApiError(403, "forbidden", f"this token may not use workspace {ws!r}")
     return found
 
 
 Caller = Annotated[Principal, Depends(principal)]
+
+
+async def anyone(request: Request) -> Principal:
+    """Any valid token (401 otherwise), for a route that names no workspace and shows each
+    token only its own (the workspaces listing)."""
+    tokens: TokenTable = request.app.state.tokens
+    return authenticate(tokens, request.headers.get("authorization", ""), None)
+
+
+Anyone = Annotated[Principal, Depends(anyone)]
 
 
 async def admin(caller: Caller) -> Principal:

@@ -57,3 +57,52 @@ class ParkIn(BaseModel):
         pattern=VISIBLE_CHARACTER,
         description="why, shown on each entry: at least one visible character",
     )
+
+
+class CountsOut(BaseModel):
+    """Entries by status."""
+
+    pending: int
+    delivering: int
+    verifying: int
+    error: int
+    parked: int
+
+
+_NANOS = "nanoseconds, as inFlightFor"
+
+
+class WorkspaceOut(BaseModel):
+    id: str
+    sessions: int = Field(description="sessions holding entries")
+    entries: int
+    counts: CountsOut
+    oldestPendingFor: int | None = Field(
+        default=None, description=f"how long the oldest pending entry has waited ({_NANOS})"
+    )
+
+
+class WorkspacePage(BaseModel):
+    workspaces: list[WorkspaceOut]
+    next: str | None = Field(description="the next page's cursor; null after the last page")
+
+
+class SessionOut(BaseModel):
+    id: str
+    entries: int
+    counts: CountsOut
+    oldestPendingFor: int | None = Field(
+        default=None, description=f"how long the oldest pending entry has waited ({_NANOS})"
+    )
+    deliveringFor: int | None = Field(
+        default=None, description=f"how long the entry in flight has been with the agent ({_NANOS})"
+    )
+    blockedFor: int | None = Field(
+        default=None,
+        description=f"how long pending entries have waited behind a delivery's lock ({_NANOS})",
+    )
+
+
+class SessionPage(BaseModel):
+    sessions: list[SessionOut]
+    next: str | None = Field(description="the next page's cursor; null after the last page")

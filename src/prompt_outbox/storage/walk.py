@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.keys import SessionKeys, WorkspaceKeys
+from ..core.errors import InvalidInput
+from ..core.keys import SessionKeys, WorkspaceKeys, buckets
 from .client import Client
 from .dueindex import DueIndex
 from .replies import text
@@ -72,6 +73,40 @@ class Walk:
                 sessions = [SessionKeys(ws, s) for s in sorted(text(x) for x in members)]
                 yield WorkspaceSessions(WorkspaceKeys(ws), generation, sessions)
 
+    async def workspace_page(self, cursor: str, limit: int) -> tuple[list[str], str]:
+        """Up to ``limit`` registered workspaces from ``cursor`` ('' to start), and the cursor
+        of the rest ('' at the end). HSCAN over the buckets' registries, so a page costs
+        O(limit) whatever the number of workspaces. The order is the server's; as with SCAN,
+        a workspace registered or dropped meanwhile may be missed or met twice.
+
+        The cursor is ``bucket:hscan-cursor:skip``: HSCAN hands out whole batches, and a page
+        that ends inside one asks for the same batch again and skips what it took."""
+        b, pos, skip = _page_cursor(cursor)
+        registries = [x.registry for x in buckets()]
+        found: list[str] = []
+        while b < len(registries) and len(found) < limit:
+            after, rows = await self.client.hscan(registries[b], pos, count=max(limit, 16))
+            names = [text(x) for x in rows][skip:]
+            taken = names[: limit - len(found)]
+            found.extend(taken)
+            if len(taken) < len(names):
+                return found, f"{b}:{pos}:{skip + len(taken)}"
+            b, pos, skip = (b, int(after), 0) if int(after) else (b + 1, 0, 0)
+        return found, f"{b}:{pos}:0" if b < len(registries) else ""
+
+    async def session_sizes(self, w: WorkspaceKeys) -> list[tuple[SessionKeys, int]]:
+        """The workspace's sessions holding entries, with how many each holds (queue and
+        staging): one SMEMBERS, then two LLEN a session in one pipelined round trip."""
+        sessions = await self.sessions_of(w)
+        if not sessions:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for k in sessions:
+            pipe.llen(k.queue)
+            pipe.llen(k.staging)
+        n = [int(x) for x in await pipe.execute(raise_on_error=True)]
+        return [(k, n[2 * i] + n[2 * i + 1]) for i, k in enumerate(sessions)]
+
     async def session_entries(self, keys: Sequence[SessionKeys]) -> list[list[str]]:
         """Each session's staging then queue, raw (one pipelined round trip)."""
         if not keys:
@@ -125,3 +160,16 @@ class Walk:
                 name = text(key)
                 found.add(name[name.index("{") + 1 : name.rindex("}")])
         return found
+
+
+def _page_cursor(cursor: str) -> tuple[int, int, int]:
+    """(bucket, HSCAN cursor, items to skip) of a ``workspace_page`` cursor."""
+    if not cursor:
+        return 0, 0, 0
+    parts = cursor.split(":")
+    if len(parts) != 3 or not all(p.isdigit() and len(p) <= 20 for p in parts):
+        raise InvalidInput(f"not a workspace page cursor: {cursor!r}")
+    b, pos, skip = (int(p) for p in parts)
+    if b >= len(buckets()):
+        raise InvalidInput(f"not a workspace page cursor: {cursor!r}")
+    return b, pos, skip

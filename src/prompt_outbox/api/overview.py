@@ -1,0 +1,77 @@
+"""The overview routes the queue page starts from: workspaces, then a workspace's sessions,
+each with its entries by status and how long its work has waited, paged by cursor
+(``Outbox.overview``: a page costs what it shows, whatever the number of workspaces)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from ..overview import MAX_PAGE, Counts, SessionSummary, WorkspaceSummary
+from .auth import Anyone, Caller
+from .errors import errors
+from .models import CountsOut, SessionOut, SessionPage, WorkspaceOut, WorkspacePage
+from .params import OutboxDep, WorkspaceId
+
+router = APIRouter()
+
+Cursor = Annotated[
+    str,
+    Query(
+        max_length=64,
+        pattern=r"^[0-9:]*$",
+        description="the previous page's next; empty for the first page",
+    ),
+]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="items per page")]
+
+
+def _nanos(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1e9)
+
+
+def _counts(c: Counts) -> CountsOut:
+    return CountsOut.model_validate(c.by_status)
+
+
+def _workspace(w: WorkspaceSummary) -> WorkspaceOut:
+    return WorkspaceOut(
+        id=w.id,
+        sessions=w.sessions,
+        entries=w.counts.entries,
+        counts=_counts(w.counts),
+        oldestPendingFor=_nanos(w.counts.oldest_pending_for),
+    )
+
+
+def _session(s: SessionSummary) -> SessionOut:
+    return SessionOut(
+        id=s.id,
+        entries=s.counts.entries,
+        counts=_counts(s.counts),
+        oldestPendingFor=_nanos(s.counts.oldest_pending_for),
+        deliveringFor=_nanos(s.delivering_for),
+        blockedFor=_nanos(s.blocked_for),
+    )
+
+
+@router.get("/v1/workspaces", responses=errors())
+async def list_workspaces(
+    caller: Anyone, outbox: OutboxDep, cursor: Cursor = "", limit: Limit = 20
+) -> WorkspacePage:
+    """Workspaces with their entries by status: every one that holds work for an admin
+    token (in the server's order), the token's own (sorted) for any other."""
+    only = None if caller.admin else sorted(caller.workspaces)
+    page = await outbox.overview.workspaces(cursor, limit, only=only)
+    return WorkspacePage(workspaces=[_workspace(w) for w in page.items], next=page.next or None)
+
+
+@router.get("/v1/workspaces/{ws}/sessions", responses=errors())
+async def list_sessions(
+    ws: WorkspaceId, caller: Caller, outbox: OutboxDep, cursor: Cursor = "", limit: Limit = 20
+) -> SessionPage:
+    """The workspace's sessions that hold entries, busiest first, with their counts and how
+    long their work has been in flight or blocked."""
+    page = await outbox.overview.sessions(ws, cursor, limit)
+    return SessionPage(sessions=[_session(s) for s in page.items], next=page.next or None)
