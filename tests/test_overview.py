@@ -107,7 +107,9 @@ async def test_a_delivery_in_flight_shows_how_long_it_and_the_blocked_have_waite
     assert s.delivering_for is None and s.counts.entries == 1
 
 
-@pytest.mark.parametrize("cursor", ["x", "1:2", "9:0:0", "1:2:3:4", "-1:0:0"])
+@pytest.mark.parametrize(
+    "cursor", ["x", "1:2", "9:0:0", "1:2:3:4", "-1:0:0", f"0:{2**64}:0", "0:1" + "0" * 20 + ":0"]
+)
 async def test_a_bad_workspace_cursor_is_invalid_input(outbox: Outbox, cursor: str) -> None:
     with pytest.raises(InvalidInput):
         await outbox.overview.workspaces(cursor, 10)

@@ -170,6 +170,6 @@ def _page_cursor(cursor: str) -> tuple[int, int, int]:
     if len(parts) != 3 or not all(p.isdigit() and len(p) <= 20 for p in parts):
         raise InvalidInput(f"not a workspace page cursor: {cursor!r}")
     b, pos, skip = (int(p) for p in parts)
-    if b >= len(buckets()):
+    if b >= len(buckets()) or pos >= 2**64:  # HSCAN takes an unsigned 64-bit cursor
         raise InvalidInput(f"not a workspace page cursor: {cursor!r}")
     return b, pos, skip
