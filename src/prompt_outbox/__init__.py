@@ -6,6 +6,7 @@ clients, workers, agents or Valkey never lose an accepted prompt (see the README
 
 from .core.callbacks import (
     Aborter,
+    BulkResult,
     Deliverer,
     DismissResult,
     EditResult,
@@ -57,6 +58,7 @@ __all__ = [
     "LEDGER_STATE_TURN_ENDED",
     "Aborter",
     "AmbiguousError",
+    "BulkResult",
     "Deliverer",
     "DismissResult",
     "Duplicate",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from .core import machine
-from .core.callbacks import DismissResult, EditResult, RetryResult
+from .core.callbacks import BulkResult, DismissResult, EditResult, RetryResult
 from .core.entry import Entry, Status, decode_entry
 from .core.errors import InvalidInput
 from .core.failpoints import CrashPoint, reached
@@ -31,6 +31,23 @@ Pick = Callable[[Snapshot], tuple[str, str] | None]
 """Given the session, the (old, new) strings of the one entry to change ('' deletes)."""
 Edit = Callable[[Entry], Entry | None]
 """An entry's new state, or None to leave it."""
+Pairs = Callable[[Snapshot], list[tuple[str, str]]]
+"""Given an idle session, the (old, new) strings of the queued entries to change ('' deletes)."""
+
+
+def _edited(edit: Edit) -> Pairs:
+    """The pairs of the queued entries ``edit`` changes."""
+    return lambda snap: [
+        (raw, new.to_json()) for raw in snap.queue if (new := edit(decode_entry(raw))) is not None
+    ]
+
+
+def _errors_removed(snap: Snapshot) -> list[tuple[str, str]]:
+    return [(raw, "") for raw in snap.queue if decode_entry(raw).status is Status.ERROR]
+
+
+def _retried_if_error(e: Entry) -> Entry | None:
+    return machine.retried(e) if e.status is Status.ERROR else None
 
 
 class _Edit(enum.IntEnum):
@@ -152,6 +169,25 @@ class Admin:
         """``Outbox.sweep_workspace_parked_errors`` (``Maintenance.sweep_ledger``)."""
         return await self.maintenance.sweep_ledger(workspace_keys(workspace_id))
 
+    async def retry_errors(self, workspace_id: str, session_id: str | None) -> BulkResult:
+        """``Outbox.retry_errors``."""
+        keys = await self._with_errors(workspace_id, session_id)
+        done = await self._edit_sessions(keys, "retry errors", _edited(_retried_if_error))
+        self.metrics.retried.labels(reason="operator").inc(done.done)
+        return done
+
+    async def dismiss_errors(self, workspace_id: str, session_id: str | None) -> BulkResult:
+        """``Outbox.dismiss_errors``."""
+        keys = await self._with_errors(workspace_id, session_id)
+        return await self._edit_sessions(keys, "dismiss errors", _errors_removed)
+
+    async def _with_errors(self, workspace_id: str, session_id: str | None) -> list[SessionKeys]:
+        """The session named, or every session of the workspace holding an error entry (the
+        errors index: the others have nothing to do)."""
+        if session_id is not None:
+            return [session_keys(workspace_id, session_id)]
+        return await self.store.walk.sessions_of(workspace_keys(workspace_id), with_errors=True)
+
     async def cleanup_workspace(self, workspace_id: str) -> int:
         """``Outbox.cleanup_workspace``."""
         return await self.store.walk.cleanup_workspace(workspace_keys(workspace_id))
@@ -213,17 +249,25 @@ class Admin:
         self, w: WorkspaceKeys, what: str, edit: Edit, point: CrashPoint | None = None
     ) -> int:
         """Apply ``edit`` to every entry of every idle session of the workspace."""
+        keys = await self.store.walk.sessions_of(w)
+        return (await self._edit_sessions(keys, what, _edited(edit), point)).done
+
+    async def _edit_sessions(
+        self,
+        keys: Sequence[SessionKeys],
+        what: str,
+        pairs_of: Pairs,
+        point: CrashPoint | None = None,
+    ) -> BulkResult:
+        """Write ``pairs_of`` each idle session; a session a delivery holds is skipped (and
+        named in the result), never waited for."""
         total, busy = 0, []
-        for k in await self.store.walk.sessions_of(w):
+        for k in keys:
             snap = await self._settled(k)
             if snap.locked:
                 busy.append(k.ses)
                 continue
-            pairs = [
-                (raw, new.to_json())
-                for raw in snap.queue
-                if (new := edit(decode_entry(raw))) is not None
-            ]
+            pairs = pairs_of(snap)
             if not pairs:
                 continue
             done = await self.store.replace(k, "", self.engine.now_ms(), pairs)
@@ -233,8 +277,9 @@ class Admin:
             if point is not None:
                 reached(point)
         if busy:
-            log.warning("%s skipped busy sessions", what, extra={"ws": w.ws, "sessions": busy})
-        return total
+            ws = keys[0].ws
+            log.warning("%s skipped busy sessions", what, extra={"ws": ws, "sessions": busy})
+        return BulkResult(total, tuple(busy))
 
 
 def _find(raws: Sequence[str], entry_id: str) -> str | None:

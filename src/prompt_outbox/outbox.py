@@ -13,6 +13,7 @@ from datetime import datetime
 
 from .admin import Admin
 from .core.callbacks import (
+    BulkResult,
     Deliverer,
     DismissResult,
     EditResult,
@@ -413,6 +414,16 @@ class Outbox:
         failed definitively ``max_attempts`` times are not asked about. Returns how many settled.
         """
         return await self._admin.sweep_workspace_parked_errors(workspace_id)
+
+    async def retry_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
+        """Re-arm every error entry of the session (of every session of the workspace, when
+        none is named) that no delivery holds; held sessions are skipped and named in
+        ``busy`` (try again). Error entries are found through the workspace's errors index."""
+        return await self._admin.retry_errors(workspace_id, session_id)
+
+    async def dismiss_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
+        """Remove every error entry of the session (or of the workspace), as ``retry_errors``."""
+        return await self._admin.dismiss_errors(workspace_id, session_id)
 
     async def cleanup_workspace(self, workspace_id: str) -> int:
         """Delete every outbox key of the workspace; returns how many. Idempotent."""

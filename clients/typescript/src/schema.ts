@@ -64,6 +64,48 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/me": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Me
+         * @description Who the token speaks for: its user, whether it is an admin token, its workspaces (a
+         *     page shows or hides the admin actions by it).
+         */
+        get: operations["me_v1_me_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Workspaces
+         * @description Workspaces with their entries by status: every one that holds work for an admin
+         *     token (in the server's order), the token's own (sorted) for any other.
+         */
+        get: operations["list_workspaces_v1_workspaces_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces/{ws}": {
         parameters: {
             query?: never;
@@ -79,6 +121,46 @@ export interface paths {
          * @description Delete every outbox key of the workspace.
          */
         delete: operations["cleanup_v1_workspaces__ws__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces/{ws}/errors/dismiss": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Dismiss Workspace Errors
+         * @description Remove every error entry of every session of the workspace that no delivery holds.
+         */
+        post: operations["dismiss_workspace_errors_v1_workspaces__ws__errors_dismiss_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces/{ws}/errors/retry": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retry Workspace Errors
+         * @description Re-arm every error entry of every session of the workspace that no delivery holds.
+         */
+        post: operations["retry_workspace_errors_v1_workspaces__ws__errors_retry_post"];
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -119,6 +201,67 @@ export interface paths {
          * @description Park every pending / verifying entry of the workspace with the reason.
          */
         post: operations["park_v1_workspaces__ws__park_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces/{ws}/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Sessions
+         * @description The workspace's sessions that hold entries, busiest first, with their counts and how
+         *     long their work has been in flight or blocked.
+         */
+        get: operations["list_sessions_v1_workspaces__ws__sessions_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces/{ws}/sessions/{ses}/errors/dismiss": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Dismiss Session Errors
+         * @description Remove every error entry of the session.
+         */
+        post: operations["dismiss_session_errors_v1_workspaces__ws__sessions__ses__errors_dismiss_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces/{ws}/sessions/{ses}/errors/retry": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retry Session Errors
+         * @description Re-arm every error entry of the session (busy: the session, if a delivery holds it).
+         */
+        post: operations["retry_session_errors_v1_workspaces__ws__sessions__ses__errors_retry_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -278,6 +421,35 @@ export interface components {
             /** Status */
             status?: string | null;
         };
+        /** BulkOut */
+        BulkOut: {
+            /**
+             * Busy
+             * @description sessions skipped: a delivery held them (try again)
+             */
+            busy: string[];
+            /**
+             * Done
+             * @description entries changed
+             */
+            done: number;
+        };
+        /**
+         * CountsOut
+         * @description Entries by status.
+         */
+        CountsOut: {
+            /** Delivering */
+            delivering: number;
+            /** Error */
+            error: number;
+            /** Parked */
+            parked: number;
+            /** Pending */
+            pending: number;
+            /** Verifying */
+            verifying: number;
+        };
         /** EditedOut */
         EditedOut: {
             /**
@@ -360,6 +532,18 @@ export interface components {
              */
             id?: string | null;
         };
+        /** MeOut */
+        MeOut: {
+            /** Admin */
+            admin: boolean;
+            /** User */
+            user: string;
+            /**
+             * Workspaces
+             * @description the workspaces the token may use (admin: any)
+             */
+            workspaces: string[];
+        };
         /** ParkIn */
         ParkIn: {
             /**
@@ -378,12 +562,73 @@ export interface components {
              */
             status: "pending";
         };
+        /** SessionOut */
+        SessionOut: {
+            /**
+             * Blockedfor
+             * @description how long pending entries have waited behind a delivery's lock (nanoseconds, as inFlightFor)
+             */
+            blockedFor?: number | null;
+            counts: components["schemas"]["CountsOut"];
+            /**
+             * Deliveringfor
+             * @description how long the entry in flight has been with the agent (nanoseconds, as inFlightFor)
+             */
+            deliveringFor?: number | null;
+            /** Entries */
+            entries: number;
+            /** Id */
+            id: string;
+            /**
+             * Oldestpendingfor
+             * @description how long the oldest pending entry has waited (nanoseconds, as inFlightFor)
+             */
+            oldestPendingFor?: number | null;
+        };
+        /** SessionPage */
+        SessionPage: {
+            /**
+             * Next
+             * @description the next page's cursor; null after the last page
+             */
+            next: string | null;
+            /** Sessions */
+            sessions: components["schemas"]["SessionOut"][];
+        };
         /** Ticket */
         Ticket: {
             /** Expiresin */
             expiresIn: number;
             /** Ticket */
             ticket: string;
+        };
+        /** WorkspaceOut */
+        WorkspaceOut: {
+            counts: components["schemas"]["CountsOut"];
+            /** Entries */
+            entries: number;
+            /** Id */
+            id: string;
+            /**
+             * Oldestpendingfor
+             * @description how long the oldest pending entry has waited (nanoseconds, as inFlightFor)
+             */
+            oldestPendingFor?: number | null;
+            /**
+             * Sessions
+             * @description sessions holding entries
+             */
+            sessions: number;
+        };
+        /** WorkspacePage */
+        WorkspacePage: {
+            /**
+             * Next
+             * @description the next page's cursor; null after the last page
+             */
+            next: string | null;
+            /** Workspaces */
+            workspaces: components["schemas"]["WorkspaceOut"][];
         };
     };
     responses: never;
@@ -467,6 +712,141 @@ export interface operations {
             };
         };
     };
+    me_v1_me_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MeOut"];
+                };
+            };
+            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_workspaces_v1_workspaces_get: {
+        parameters: {
+            query?: {
+                /** @description the previous page's next; empty for the first page */
+                cursor?: string;
+                /** @description items per page */
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkspacePage"];
+                };
+            };
+            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     cleanup_v1_workspaces__ws__delete: {
         parameters: {
             query?: never;
@@ -488,6 +868,142 @@ export interface operations {
                     "application/json": {
                         [key: string]: number;
                     };
+                };
+            };
+            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    dismiss_workspace_errors_v1_workspaces__ws__errors_dismiss_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkOut"];
+                };
+            };
+            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    retry_workspace_errors_v1_workspaces__ws__errors_retry_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkOut"];
                 };
             };
             /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
@@ -630,6 +1146,219 @@ export interface operations {
                     "application/json": {
                         [key: string]: number;
                     };
+                };
+            };
+            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_sessions_v1_workspaces__ws__sessions_get: {
+        parameters: {
+            query?: {
+                /** @description the previous page's next; empty for the first page */
+                cursor?: string;
+                /** @description items per page */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionPage"];
+                };
+            };
+            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    dismiss_session_errors_v1_workspaces__ws__sessions__ses__errors_dismiss_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+                /** @description session ID */
+                ses: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkOut"];
+                };
+            };
+            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    retry_session_errors_v1_workspaces__ws__sessions__ses__errors_retry_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+                /** @description session ID */
+                ses: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkOut"];
                 };
             };
             /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */

@@ -14,7 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
 from ..outbox import Outbox
-from . import health, overview, prompts, tickets, workspaces
+from . import bulk, health, overview, prompts, tickets, workspaces
 from .auth import TokenTable
 from .errors import EXCEPTION_HANDLERS
 from .fast import AcceptFastPath
@@ -41,8 +41,8 @@ def create_app(
     app.state.outbox = outbox  # the routes reach it through params.get_outbox
     app.state.tokens = tokens  # auth.principal reads it
     app.state.streams = StreamGate(streams or StreamLimits())  # the events route takes a slot
-    routers = (prompts.router, tickets.router, workspaces.router, overview.router, health.router)
-    for router in routers:
+    routers = (prompts.router, bulk.router, tickets.router, workspaces.router, overview.router)
+    for router in (*routers, health.router):
         app.include_router(router)
     app.add_middleware(AcceptFastPath)  # the hot route, answered before FastAPI routes it
     if cors_origins:  # added last, so outermost: the fast path's answers get the headers too

@@ -106,3 +106,14 @@ class SessionOut(BaseModel):
 class SessionPage(BaseModel):
     sessions: list[SessionOut]
     next: str | None = Field(description="the next page's cursor; null after the last page")
+
+
+class BulkOut(BaseModel):
+    done: int = Field(description="entries changed")
+    busy: list[str] = Field(description="sessions skipped: a delivery held them (try again)")
+
+
+class MeOut(BaseModel):
+    user: str
+    admin: bool
+    workspaces: list[str] = Field(description="the workspaces the token may use (admin: any)")

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from ..overview import MAX_PAGE, Counts, SessionSummary, WorkspaceSummary
 from .auth import Anyone, Caller
 from .errors import errors
-from .models import CountsOut, SessionOut, SessionPage, WorkspaceOut, WorkspacePage
+from .models import CountsOut, MeOut, SessionOut, SessionPage, WorkspaceOut, WorkspacePage
 from .params import OutboxDep, WorkspaceId
 
 router = APIRouter()
@@ -54,6 +54,13 @@ def _session(s: SessionSummary) -> SessionOut:
         deliveringFor=_nanos(s.delivering_for),
         blockedFor=_nanos(s.blocked_for),
     )
+
+
+@router.get("/v1/me", responses=errors())
+async def me(caller: Anyone) -> MeOut:
+    """Who the token speaks for: its user, whether it is an admin token, its workspaces (a
+    page shows or hides the admin actions by it)."""
+    return MeOut(user=caller.user_id, admin=caller.admin, workspaces=sorted(caller.workspaces))
 
 
 @router.get("/v1/workspaces", responses=errors())

@@ -58,6 +58,15 @@ class RetryResult(enum.IntEnum):
     BUSY = 2
 
 
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """A bulk action's outcome: how many entries it changed, and the sessions it skipped
+    because a delivery held them (try those again)."""
+
+    done: int
+    busy: tuple[str, ...] = ()
+
+
 class EditResult(enum.IntEnum):
     """Edit's outcome: contention (BUSY) is never reported as absence; NOT_EDITABLE once the
     entry is being delivered or verified (or is parked)."""
