@@ -8,7 +8,19 @@ import { OutboxError } from "./errors.js";
 import { sessionPath, Transport, type FetchLike, type TokenSource } from "./http.js";
 import { postUntilAnswered, type SendResult } from "./send.js";
 import { MemoryStore, type PendingPrompt, type PromptStore } from "./store.js";
-import type { Edited, EditFields, Entry, EntryList, Retried, Ticket, WhileBusy } from "./types.js";
+import type {
+  BulkResult,
+  Edited,
+  EditFields,
+  Entry,
+  EntryList,
+  Me,
+  Retried,
+  SessionPage,
+  Ticket,
+  WhileBusy,
+  WorkspacePage,
+} from "./types.js";
 import {
   watchSession,
   type TicketProvider,
@@ -44,7 +56,8 @@ export interface SendOptions {
   model?: unknown;
   /**
    * What to do if the session is busy: `enqueue` (the default), `reject` (409 `session_busy`,
-   * a final refusal), or what else the API's `whileBusy` offers (the type follows the schema).
+   * a final refusal), or `interrupt` (accepted, and the agent's turn in flight is aborted
+   * where the deliverer can; the type follows the schema).
    */
   whileBusy?: WhileBusy;
   /** Abort the send (the prompt stays in the store: `resumePending` finishes it). */
@@ -54,6 +67,14 @@ export interface SendOptions {
 /** Options of a thin call. */
 export interface CallOptions {
   signal?: AbortSignal;
+}
+
+/** Options of a paged listing. */
+export interface PageOptions extends CallOptions {
+  /** The previous page's `next` (leave out for the first page). */
+  cursor?: string;
+  /** Items per page (1 to 200; the server's default is 20). */
+  limit?: number;
 }
 
 /** What `resumePending` did with one stored prompt. */
@@ -90,10 +111,11 @@ export class OutboxClient {
    * the key as `Idempotency-Key` and `clientMessageID`. No answer, 408, 429 and 5xx (503
    * `not_durable` included) are retried with the same key, after exponential backoff with
    * full jitter (at least `Retry-After`). A 2xx resolves (202 accepted, or 200: a replay,
-   * the prompt was already there) and removes the prompt from the store. Any other 4xx
-   * removes it and rejects with that `OutboxError` (for 422 `idempotency_key_reused`, its
-   * `id` is the entry the key was first accepted as). An abort, or running out of
-   * `backoff.maxAttempts`, rejects and leaves the prompt in the store.
+   * the prompt was already there) and removes the prompt from the store. A 401 or 403
+   * (`isAuth`: the token, not the prompt) rejects and keeps it, for `resumePending` with a
+   * new token. Any other 4xx removes it and rejects with that `OutboxError` (for 422
+   * `idempotency_key_reused`, its `id` is the entry the key was first accepted as). An
+   * abort, or running out of `backoff.maxAttempts`, rejects and leaves it in the store.
    */
   async send(ws: string, ses: string, text: string, options: SendOptions = {}): Promise<SendResult> {
     const prompt: PendingPrompt = { key: crypto.randomUUID(), ws, ses, text, createdAt: Date.now() };
@@ -205,6 +227,69 @@ export class OutboxClient {
     return this.transport.json<Edited>("PATCH", path, { body: changes, signal: options.signal });
   }
 
+  /** Who the token speaks for: its user, whether it is an admin token, its workspaces. */
+  async me(options: CallOptions = {}): Promise<Me> {
+    return this.transport.json<Me>("GET", "/v1/me", { signal: options.signal });
+  }
+
+  /**
+   * A page of workspaces with their entries by status (every workspace holding work for an
+   * admin token, the token's own otherwise). Pass the answer's `next` for the next page.
+   */
+  async workspaces(options: PageOptions = {}): Promise<WorkspacePage> {
+    return this.transport.json<WorkspacePage>("GET", "/v1/workspaces", {
+      query: pageQuery(options),
+      signal: options.signal,
+    });
+  }
+
+  /** A page of the workspace's sessions holding entries, busiest first, with their counts. */
+  async sessions(ws: string, options: PageOptions = {}): Promise<SessionPage> {
+    const path = `/v1/workspaces/${encodeURIComponent(ws)}/sessions`;
+    return this.transport.json<SessionPage>("GET", path, {
+      query: pageQuery(options),
+      signal: options.signal,
+    });
+  }
+
+  /**
+   * Re-arm every error entry of the session, or of every session of the workspace when `ses`
+   * is left out. Sessions a delivery holds are skipped and named in `busy` (try again).
+   */
+  async retryErrors(ws: string, ses?: string, options: CallOptions = {}): Promise<BulkResult> {
+    return this.transport.json<BulkResult>("POST", errorsPath(ws, ses, "retry"), {
+      signal: options.signal,
+    });
+  }
+
+  /** Remove every error entry of the session (or of the workspace), as `retryErrors`. */
+  async dismissErrors(ws: string, ses?: string, options: CallOptions = {}): Promise<BulkResult> {
+    return this.transport.json<BulkResult>("POST", errorsPath(ws, ses, "dismiss"), {
+      signal: options.signal,
+    });
+  }
+
+  /** Park every pending and verifying entry of the workspace, with a reason (admin). */
+  async park(ws: string, reason: string, options: CallOptions = {}): Promise<{ parked: number }> {
+    const path = `/v1/workspaces/${encodeURIComponent(ws)}/park`;
+    return this.transport.json("POST", path, { body: { reason }, signal: options.signal });
+  }
+
+  /** Re-arm the workspace's parked entries (admin). */
+  async unpark(ws: string, options: CallOptions = {}): Promise<{ unparked: number }> {
+    const path = `/v1/workspaces/${encodeURIComponent(ws)}/unpark`;
+    return this.transport.json("POST", path, { signal: options.signal });
+  }
+
+  /** Re-arm unverifiable errors, and settle error entries against the ledger probe (admin). */
+  async sweep(
+    ws: string,
+    options: CallOptions = {},
+  ): Promise<{ unverifiable: number; parkedErrors: number }> {
+    const path = `/v1/workspaces/${encodeURIComponent(ws)}/sweep`;
+    return this.transport.json("POST", path, { signal: options.signal });
+  }
+
   /** A stream ticket for the workspace's event streams (valid `expiresIn` seconds). */
   async ticket(ws: string, options: CallOptions = {}): Promise<Ticket> {
     const path = `/v1/workspaces/${encodeURIComponent(ws)}/events/ticket`;
@@ -217,10 +302,25 @@ export class OutboxClient {
     try {
       result = await postUntilAnswered(this.transport, this.backoff, prompt, signal);
     } catch (err) {
-      if (err instanceof OutboxError && !err.retryable) await this.store.remove(prompt.key);
+      // Refused for its token (401, 403): kept, so that resumePending sends it with a new one.
+      if (err instanceof OutboxError && !err.retryable && !err.isAuth) {
+        await this.store.remove(prompt.key);
+      }
       throw err;
     }
     await this.store.remove(prompt.key);
     return result;
   }
+}
+
+function pageQuery(options: PageOptions): Record<string, string | undefined> {
+  return {
+    cursor: options.cursor,
+    limit: options.limit === undefined ? undefined : String(options.limit),
+  };
+}
+
+function errorsPath(ws: string, ses: string | undefined, action: "retry" | "dismiss"): string {
+  const base = ses === undefined ? `/v1/workspaces/${encodeURIComponent(ws)}` : sessionPath(ws, ses);
+  return `${base}/errors/${action}`;
 }

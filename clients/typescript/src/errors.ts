@@ -109,6 +109,11 @@ export class OutboxError extends Error {
     return this.status === 0 || this.status === 408 || this.status === 429 || this.status >= 500;
   }
 
+  /** 401 or 403: the token is missing, wrong, expired, or not for this workspace. */
+  get isAuth(): boolean {
+    return this.status === 401 || this.status === 403;
+  }
+
   /** 404: no such entry (for retry: no error entry with that ID). */
   get isNotFound(): boolean {
     return this.status === 404;

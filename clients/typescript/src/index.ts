@@ -15,6 +15,7 @@ export { OutboxClient } from "./client.js";
 export type {
   CallOptions,
   OutboxClientOptions,
+  PageOptions,
   ResumeResult,
   SendOptions,
 } from "./client.js";

@@ -26,6 +26,21 @@ export type Retried = Schemas["Retried"];
 export type Edited = Schemas["EditedOut"];
 /** The answer to `list()`: `{entries}`, in FIFO order (also a `queue.reset`'s data). */
 export type EntryList = Schemas["EntryList"];
+/** Entries by status: `{pending, delivering, verifying, error, parked}`. */
+export type Counts = Schemas["CountsOut"];
+/** A workspace in the overview: its sessions, entries, counts, and `oldestPendingFor` (ns). */
+export type WorkspaceSummary = Schemas["WorkspaceOut"];
+/** A page of workspaces, and the cursor of the next (`null` after the last). */
+export type WorkspacePage = Schemas["WorkspacePage"];
+/** A session in the overview: counts, `oldestPendingFor`, `deliveringFor`, `blockedFor` (ns). */
+export type SessionSummary = Schemas["SessionOut"];
+/** A page of a workspace's sessions, busiest first, and the cursor of the next. */
+export type SessionPage = Schemas["SessionPage"];
+/** A bulk action's answer: `{done, busy}` (the sessions a delivery held: try again). */
+export type BulkResult = Schemas["BulkOut"];
+/** Who the token speaks for: `{user, admin, workspaces}`. */
+export type Me = Schemas["MeOut"];
+
 /** The accept's POST body: `{clientMessageID, text, model?, whileBusy?}`. */
 export type PromptBody = PromptsRoute["post"]["requestBody"]["content"]["application/json"];
 /** What an accept does when the session is busy: the API's `whileBusy` values (`enqueue`, the default, `reject`, ...). */

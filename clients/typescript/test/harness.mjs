@@ -15,6 +15,7 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 export const SECRET = "ts-client-test-secret";
 export const TOKEN = "t-user";
 export const OTHER_TOKEN = "t-other"; // a token for another workspace only
+export const ADMIN_TOKEN = "t-admin";
 export const WS = "acme";
 /** Fast retries, so a test of ten retries takes a fraction of a second. */
 export const FAST = { initialMs: 20, maxMs: 200 };
@@ -109,6 +110,7 @@ export class Serve {
           tokens: [
             { token: TOKEN, user: "u1", workspaces: [WS] },
             { token: OTHER_TOKEN, user: "u2", workspaces: ["elsewhere"] },
+            { token: ADMIN_TOKEN, user: "ops", admin: true },
           ],
         }),
       );

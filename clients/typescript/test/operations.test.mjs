@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { OutboxClient, OutboxError } from "../dist/index.js";
-import { FAST, TOKEN, WS, delivered, stack, until } from "./harness.mjs";
+import { ADMIN_TOKEN, FAST, TOKEN, WS, delivered, stack, until } from "./harness.mjs";
 
 let env;
 let client;
@@ -108,4 +108,43 @@ test("no answer at all is an OutboxError too (status 0, network_error)", { timeo
   assert.equal(err.status, 0);
   assert.equal(err.code, "network_error");
   assert.equal(err.retryable, true);
+});
+
+test("the overview and the bulk and admin actions: me, workspaces, sessions busiest first, retryErrors / dismissErrors, park / unpark / sweep", { timeout: 30_000 }, async () => {
+  const admin = new OutboxClient({ baseUrl: env.serve.url, token: ADMIN_TOKEN, backoff: FAST });
+  assert.deepEqual(await client.me(), { user: "u1", admin: false, workspaces: [WS] });
+  assert.equal((await admin.me()).admin, true);
+  // Two error entries in one session, one in another (max_attempts 1: one failure is final).
+  const failed = [];
+  for (const ses of ["s-bulk-a", "s-bulk-a", "s-bulk-b"]) {
+    failed.push([ses, (await client.send(WS, ses, `reject ${ses} ${failed.length}`)).id]);
+  }
+  for (const [ses, id] of failed) await until(async () => (await statusOf(ses, id)) === "error", `${id} in error`);
+  const page = await client.sessions(WS, { limit: 1 });
+  assert.equal(page.sessions.length, 1);
+  assert.equal(page.sessions[0].id, "s-bulk-a", "busiest first");
+  assert.equal(page.sessions[0].counts.error, 2);
+  assert.ok(page.next, "a next page");
+  const rest = await client.sessions(WS, { cursor: page.next, limit: 200 });
+  assert.ok(rest.sessions.some((s) => s.id === "s-bulk-b"));
+  const [mine] = (await client.workspaces()).workspaces;
+  assert.equal(mine.id, WS);
+  assert.ok(mine.counts.error >= 3);
+  assert.ok((await admin.workspaces({ limit: 200 })).workspaces.some((w) => w.id === WS));
+  // Bulk: the session's errors, then the workspace's; each "reject" fails again at once.
+  assert.deepEqual(await client.retryErrors(WS, "s-bulk-a"), { done: 2, busy: [] });
+  for (const [ses, id] of failed.slice(0, 2)) await until(async () => (await statusOf(ses, id)) === "error", `${id} in error again`);
+  assert.deepEqual(await client.dismissErrors(WS, "s-bulk-a"), { done: 2, busy: [] });
+  assert.equal((await client.list(WS, "s-bulk-a")).length, 0);
+  const all = await client.dismissErrors(WS);
+  assert.ok(all.done >= 1 && all.busy.length === 0);
+  assert.equal((await client.list(WS, "s-bulk-b")).length, 0);
+  // Admin actions: refused for a user token, done for the admin's.
+  const forbidden = await refusal(client.park(WS, "maintenance"));
+  assert.equal(forbidden.status, 403);
+  assert.equal(forbidden.isAuth, true);
+  assert.deepEqual(await admin.park(WS, "maintenance"), { parked: 0 });
+  assert.deepEqual(await admin.unpark(WS), { unparked: 0 });
+  const swept = await admin.sweep(WS);
+  assert.equal(typeof swept.unverifiable, "number");
 });

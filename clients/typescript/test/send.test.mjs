@@ -82,6 +82,25 @@ test("a 400 is final: one POST, an OutboxError, and the prompt leaves the store"
   assert.deepEqual(await store.all(), []);
 });
 
+test("a 401 (a bad or expired token) rejects and KEEPS the prompt: resumePending with a good token delivers it once", { timeout: 30_000 }, async () => {
+  const store = new MemoryStore();
+  const expired = new OutboxClient({ baseUrl: env.proxy.url, token: "expired", store, backoff: FAST });
+  const err = await expired.send(WS, "s-auth", "keep my words").then(
+    () => assert.fail("resolved"),
+    (e) => e,
+  );
+  assert.ok(err instanceof OutboxError);
+  assert.equal(err.status, 401);
+  assert.equal(err.isAuth, true);
+  assert.deepEqual((await store.all()).map((p) => p.text), ["keep my words"]);
+  const [outcome] = await client(store).resumePending();
+  assert.equal(outcome.ok, true);
+  assert.equal(outcome.result.status, 202);
+  assert.deepEqual(await store.all(), []);
+  await delivered(env, "s-auth", outcome.result.id);
+  assert.equal(env.agent.count(outcome.result.id), 1);
+});
+
 test("a key reused for another text: 422 idempotency_key_reused as an OutboxError with the first id", { timeout: 30_000 }, async () => {
   const first = await client().send(WS, "s-reuse", "the first text");
   const store = new MemoryStore();
