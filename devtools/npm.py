@@ -111,27 +111,20 @@ def run_script(
     if args:
         command += ["--", *args]
     with project_lock(project):
-        done = subprocess.run(
-            command,
-            cwd=project,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-        )
-    if done.returncode != 0:
-        raise NpmScriptFailed(
-            f"npm run {script} in {_relative(project)} exited {done.returncode}", done.stdout
-        )
-    return done.stdout
+        return _output(command, project, f"npm run {script}", timeout)
 
 
 def run_bin(project: Path, name: str, args: Sequence[str], *, timeout: float = 300.0) -> str:
     """Run ``node_modules/.bin/<name> <args>`` of ``project`` (installed first); its output.
     Raises NpmScriptFailed, with the output, when it exits non-zero."""
     ensure_installed(project)
+    return _output([str(project / "node_modules" / ".bin" / name), *args], project, name, timeout)
+
+
+def _output(command: list[str], project: Path, what: str, timeout: float) -> str:
+    """Run ``command`` in ``project``; its output (stderr too), or NpmScriptFailed with it."""
     done = subprocess.run(
-        [str(project / "node_modules" / ".bin" / name), *args],
+        command,
         cwd=project,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -140,6 +133,6 @@ def run_bin(project: Path, name: str, args: Sequence[str], *, timeout: float = 3
     )
     if done.returncode != 0:
         raise NpmScriptFailed(
-            f"{name} in {_relative(project)} exited {done.returncode}", done.stdout
+            f"{what} in {_relative(project)} exited {done.returncode}", done.stdout
         )
     return done.stdout
