@@ -10,6 +10,7 @@ LLEN a session), then only the shown ones are read whole (``snapshot.lua``, with
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +29,12 @@ T = TypeVar("T")
 
 MAX_PAGE = 200
 """The most items one page may ask for."""
+SESSION_CURSOR = r"^[0-9]{0,9}$"
+"""A sessions page's cursor: an offset into the busiest-first ranking ('' to start)."""
+WORKSPACE_CURSOR = r"^(|[0-7]:[0-9]{1,19}:[0-9]{1,9})$"
+"""A workspaces page's cursor: ``bucket:hscan-cursor:skip`` (``Walk.workspace_page``;
+``BUCKETS`` is 8 and 19 digits stay below HSCAN's 2**64), or '' to start; for a token's own
+workspaces, an offset."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +119,15 @@ class Overview:
         """A page of workspaces with their counts: every registered one (in the server's
         order), or, with ``only``, those named (sorted; a token's own list)."""
         limit = _limit(limit)
+        if not re.fullmatch(WORKSPACE_CURSOR, cursor):
+            raise InvalidInput(f"not a workspace page cursor: {cursor!r}")
         if only is None:
             names, after = await self._store.walk.workspace_page(cursor, limit)
-        else:
-            start = _offset(cursor)
+        else:  # the same cursor's form: its skip is the offset into the sorted list
+            start = int(cursor.rpartition(":")[2] or 0)
             ordered = sorted({check_id("workspace", ws) for ws in only})
             names = ordered[start : start + limit]
-            after = str(start + limit) if start + limit < len(ordered) else ""
+            after = f"0:0:{start + limit}" if start + limit < len(ordered) else ""
         summaries = await asyncio.gather(*(self._workspace(ws) for ws in names))
         return Page(list(summaries), after)
 

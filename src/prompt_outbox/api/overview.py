@@ -8,7 +8,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ..overview import MAX_PAGE, Counts, SessionSummary, WorkspaceSummary
+from ..overview import (
+    MAX_PAGE,
+    SESSION_CURSOR,
+    WORKSPACE_CURSOR,
+    Counts,
+    SessionSummary,
+    WorkspaceSummary,
+)
 from .auth import Anyone, Caller
 from .errors import errors
 from .models import CountsOut, MeOut, SessionOut, SessionPage, WorkspaceOut, WorkspacePage
@@ -16,14 +23,9 @@ from .params import OutboxDep, WorkspaceId
 
 router = APIRouter()
 
-Cursor = Annotated[
-    str,
-    Query(
-        max_length=64,
-        pattern=r"^[0-9:]*$",
-        description="the previous page's next; empty for the first page",
-    ),
-]
+_FROM_NEXT = "the previous page's next; empty for the first page"
+WorkspaceCursor = Annotated[str, Query(pattern=WORKSPACE_CURSOR, description=_FROM_NEXT)]
+SessionCursor = Annotated[str, Query(pattern=SESSION_CURSOR, description=_FROM_NEXT)]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="items per page")]
 
 
@@ -65,7 +67,7 @@ async def me(caller: Anyone) -> MeOut:
 
 @router.get("/v1/workspaces", responses=errors())
 async def list_workspaces(
-    caller: Anyone, outbox: OutboxDep, cursor: Cursor = "", limit: Limit = 20
+    caller: Anyone, outbox: OutboxDep, cursor: WorkspaceCursor = "", limit: Limit = 20
 ) -> WorkspacePage:
     """Workspaces with their entries by status: every one that holds work for an admin
     token (in the server's order), the token's own (sorted) for any other."""
@@ -76,7 +78,11 @@ async def list_workspaces(
 
 @router.get("/v1/workspaces/{ws}/sessions", responses=errors())
 async def list_sessions(
-    ws: WorkspaceId, caller: Caller, outbox: OutboxDep, cursor: Cursor = "", limit: Limit = 20
+    ws: WorkspaceId,
+    caller: Caller,
+    outbox: OutboxDep,
+    cursor: SessionCursor = "",
+    limit: Limit = 20,
 ) -> SessionPage:
     """The workspace's sessions that hold entries, busiest first, with their counts and how
     long their work has been in flight or blocked."""
