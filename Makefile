@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all chaos bench lint demo clean client-types
+.PHONY: install test test-all chaos bench lint demo clean client-types ui ui-screenshots
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -68,6 +68,17 @@ bench: $(STAMP)
 # change to the HTTP API; `make test` fails while the committed files differ from the code's.
 client-types: $(STAMP)
 	$(BIN)/python -m devtools.client_types
+
+# The queue page (clients/ui, served at /ui/): type-check it and bundle it with esbuild into
+# src/prompt_outbox/ui/static/ (committed; `make test` fails while the committed files differ from
+# what the sources, the TypeScript client's included, build to). Run it after changing either.
+ui: $(STAMP)
+	$(BIN)/python -m devtools.ui
+
+# The README's screenshots of the queue page (docs/ui-desktop.png, docs/ui-phone.png), taken by the
+# browser test from the page as it is now.
+ui-screenshots: $(STAMP) $(CHROMIUM)
+	UI_SCREENSHOTS_TO_DOCS=1 $(BIN)/pytest -q tests/test_ui.py -k hostile
 
 demo: $(STAMP)
 	$(BIN)/prompt-outbox demo

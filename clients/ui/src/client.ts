@@ -1,0 +1,19 @@
+/**
+ * The TypeScript client, from its sources (`clients/typescript/src`): the page and every
+ * other front end share one tested code path. esbuild bundles it (and eventsource-parser,
+ * from that project's node_modules) into app.js.
+ *
+ * @module
+ */
+export { OutboxClient, OutboxError } from "../../typescript/src/index.js";
+export type {
+  BulkResult,
+  Counts,
+  Entry,
+  EntryStatus,
+  Me,
+  QueueUpdate,
+  SessionSummary,
+  WatchHandle,
+  WorkspaceSummary,
+} from "../../typescript/src/index.js";

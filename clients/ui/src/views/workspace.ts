@@ -1,0 +1,124 @@
+/**
+ * `#/ws/<id>`: a workspace's sessions, busiest first, with their counts, how long the entry
+ * in flight has been with the agent and how long pending entries have waited behind it;
+ * bulk retry / dismiss of the workspace's error entries; for an admin token, park (with a
+ * reason), unpark and sweep.
+ *
+ * @module
+ */
+import type { SessionSummary } from "../client.js";
+import { every, REFRESH_MS, type Ctx, type View } from "../context.js";
+import { button, h, replace } from "../dom.js";
+import { sessionHash } from "../routes.js";
+import { act, ask, bulkSummary, countPills, Pager, showError, waited } from "../widgets.js";
+
+function row(ws: string, s: SessionSummary): HTMLElement {
+  return h(
+    "li",
+    { class: "row", "data-session": s.id },
+    h("a", { class: "name", href: sessionHash(ws, s.id) }, s.id),
+    h(
+      "span",
+      { class: "facts" },
+      h("span", { class: "fact" }, `${s.entries} entr${s.entries === 1 ? "y" : "ies"}`),
+      waited("delivering for", s.deliveringFor),
+      waited("blocked behind an in-flight delivery for", s.blockedFor),
+      waited("oldest pending", s.oldestPendingFor),
+    ),
+    countPills(s.counts),
+  );
+}
+
+export function workspaceView(ctx: Ctx, ws: string): View {
+  const list = h("ul", { class: "rows", id: "sessions" });
+  const body = h("div", {}, list);
+  const pager = new Pager(() => void refresh());
+  const { client } = ctx;
+  /** Ask again now (after an action, or a page move); a failure shows in the body. */
+  const refresh = (): Promise<void> => load().catch((err: unknown) => showError(body, err));
+
+  const bulk = h(
+    "div",
+    { class: "toolbar", id: "ws-bulk" },
+    h("span", { class: "label" }, "Error entries of every session:"),
+    button("Retry all errors", () =>
+      act(async () => bulkSummary("retried", await client.retryErrors(ws))).then(refresh),
+    ),
+    button(
+      "Dismiss all errors",
+      async () => {
+        const ok = await ask({
+          message: `Dismiss every error entry of workspace ${ws}? They are removed for good.`,
+          ok: "Dismiss all errors",
+          danger: true,
+        });
+        if (ok === null) return;
+        await act(async () => bulkSummary("dismissed", await client.dismissErrors(ws)));
+        await refresh();
+      },
+      { class: "danger-outline" },
+    ),
+  );
+
+  // Not in the DOM at all without an admin token (the server refuses them anyway).
+  const admin = !ctx.me.admin
+    ? null
+    : h(
+    "div",
+    { class: "toolbar admin", id: "ws-admin" },
+    h("span", { class: "label" }, "Admin:"),
+    button("Park…", async () => {
+      const reason = await ask({
+        message: `Park workspace ${ws}? Its pending and verifying entries stop until unparked.`,
+        ok: "Park",
+        danger: true,
+        input: "Reason",
+      });
+      if (reason === null) return;
+      await act(async () => `parked ${(await client.park(ws, reason)).parked} entries`);
+      await refresh();
+    }),
+    button("Unpark", async () => {
+      await act(async () => `unparked ${(await client.unpark(ws)).unparked} entries`);
+      await refresh();
+    }),
+    button("Sweep…", async () => {
+      const ok = await ask({
+        message: `Sweep workspace ${ws}? Unverifiable error entries are checked again, and error entries are settled against the ledger.`,
+        ok: "Sweep",
+        danger: true,
+      });
+      if (ok === null) return;
+      await act(async () => {
+        const swept = await client.sweep(ws);
+        return `swept: ${swept.unverifiable} unverifiable re-armed, ${swept.parkedErrors} settled by the ledger`;
+      });
+      await refresh();
+    }),
+  );
+
+  const el = h(
+    "section",
+    { class: "view" },
+    h("h1", {}, h("span", { class: "muted" }, "Workspace "), ws),
+    bulk,
+    admin,
+    h("h2", {}, "Sessions, busiest first"),
+    body,
+    pager.el,
+  );
+
+  async function load(signal?: AbortSignal): Promise<void> {
+    const page = await client.sessions(ws, { cursor: pager.cursor, limit: 50, signal });
+    pager.update(page.next);
+    if (page.sessions.length === 0) {
+      replace(list, h("li", { class: "empty muted" }, "No session holds entries."));
+    } else {
+      replace(list, ...page.sessions.map((s) => row(ws, s)));
+    }
+    if (body.firstChild !== list) replace(body, list);
+  }
+
+  const stop = every(ctx, REFRESH_MS, load, (err) => showError(body, err));
+  return { el, stop };
+}

@@ -1,0 +1,536 @@
+"""The queue page (clients/ui, served by ``serve`` at ``/ui/``).
+
+- The committed bundle in ``src/prompt_outbox/ui/static/`` is what its sources build to
+  (rebuilt into a temporary directory, compared byte for byte).
+- ``/ui/`` is served with its Content-Security-Policy, ``/`` and ``/ui`` redirect to it, and
+  none of it is in the OpenAPI document.
+- End to end in Debian's Chromium (Playwright for Python, no browser download) against a real
+  ``prompt-outbox serve`` with auth on (a user token and an admin token) and a webhook agent
+  the test drives: texts starting ``hold`` wait for the test to release them (the entry stays
+  ``delivering``, the session's lock held); while ``failing`` is set, texts starting ``fail``
+  are refused with 400 (definitive: with ``max_attempts`` 1, ``error`` at once); sessions in
+  ``stuck`` are answered 429 (transient: ``pending`` with a 30 s backoff, the lock free, so
+  the entry can be edited or parked). Every wait is on the page's state (Playwright's
+  ``expect``), never a fixed sleep.
+
+Skipped, with the reason, without Chromium, Playwright, node or npm; on CI (``CI`` set) that
+fails instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlparse
+
+import httpx
+import pytest
+from devtools import npm, ui
+
+from prompt_outbox.embedded import free_port
+from tests.test_serve import service, wait_healthy
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
+CHROMIUM = Path("/usr/bin/chromium")
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+USER, ADMIN = "alice-ui-token", "ops-ui-token"
+TUNABLES = {"max_attempts": 1, "retry_backoff": 30, "max_backoff": 60}
+XSS = ["<script>window.__xss=1</script>", '<img src=x onerror="window.__xss=1">']
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'"
+)
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        raise RuntimeError(f"{reason} (on CI the queue page must be tested)")
+    pytest.skip(reason)
+
+
+# ---------------------------------------------------------------- the bundle and its serving
+
+
+def test_the_committed_bundle_is_what_the_sources_build(tmp_path: Path) -> None:
+    try:
+        ui.build(tmp_path)
+    except npm.NpmUnavailable as exc:
+        _unavailable(str(exc))
+    for name in ui.FILES:
+        built, committed = (tmp_path / name).read_bytes(), (ui.STATIC / name).read_bytes()
+        assert built == committed, (
+            f"src/prompt_outbox/ui/static/{name} is stale (its sources, or the TypeScript "
+            "client's, changed): run `make ui` and commit it"
+        )
+
+
+def test_ui_is_served_with_its_csp_and_slash_redirects(stack: tuple[str, Agent]) -> None:
+    origin, _ = stack
+    with httpx.Client(base_url=origin) as http:
+        page = http.get("/ui/")  # no token: the page asks for one
+        assert page.status_code == 200, page.text
+        assert page.headers["content-type"].startswith("text/html")
+        assert page.headers["content-security-policy"] == CSP
+        assert page.headers["x-content-type-options"] == "nosniff"
+        assert '<script type="module" src="app.js">' in page.text
+        for name, kind in (("app.js", "javascript"), ("app.css", "text/css")):
+            asset = http.get(f"/ui/{name}")
+            assert asset.status_code == 200 and kind in asset.headers["content-type"], name
+            assert asset.headers["content-security-policy"] == CSP
+            assert asset.content == (ui.STATIC / name).read_bytes()
+        for path in ("/", "/ui"):
+            moved = http.get(path)
+            assert moved.status_code == 307 and moved.headers["location"] == "ui/", path
+        assert http.get("/", follow_redirects=True).url.path == "/ui/"
+        assert http.get("/ui/nothing.js").status_code == 404
+        paths = http.get("/openapi.json").json()["paths"]
+    assert not [p for p in paths if p == "/" or p.startswith("/ui")], "the page is no API"
+
+
+def test_the_wheel_ships_the_page() -> None:
+    # hatch packs every file under src/prompt_outbox that git does not ignore.
+    ignored = [p for p in ui.FILES if _git_ignores(ui.STATIC / p)]
+    assert not ignored, f"git ignores {ignored}: the wheel would leave them out"
+
+
+def _git_ignores(path: Path) -> bool:
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=root, check=False)
+    return done.returncode == 0
+
+
+# ---------------------------------------------------------------- the agent the test drives
+
+
+@dataclass
+class Agent:
+    """A webhook agent: ``hold*`` texts wait for ``release``; ``fail*`` texts get 400 while
+    ``failing``; sessions in ``stuck`` get 429; everything else is recorded and answered 200."""
+
+    failing: bool = True
+    stuck: set[str] = field(default_factory=set)
+    release: threading.Event = field(default_factory=threading.Event)
+    delivered: list[tuple[str, str]] = field(default_factory=list)  # (entry ID, text)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    @property
+    def verify_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/verify"
+
+    def ids(self) -> list[str]:
+        return [i for i, _ in self.delivered]
+
+
+@contextlib.contextmanager
+def driven_agent() -> Iterator[Agent]:
+    agent = Agent()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            entry = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            text, session = entry["text"], self.headers.get("X-Prompt-Outbox-Session", "")
+            if session in agent.stuck:
+                self._answer(429)
+                return
+            if text.startswith("fail") and agent.failing:
+                self._answer(400)
+                return
+            if text.startswith("hold"):
+                agent.release.wait(30)
+            agent.delivered.append((entry["id"], text))
+            self._answer(200)
+
+        def do_GET(self) -> None:
+            entry_id = parse_qs(urlparse(self.path).query).get("id", [""])[0]
+            self._answer(200, b"delivered" if entry_id in agent.ids() else b"absent")
+
+        def _answer(self, status: int, body: bytes = b"{}") -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    agent.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield agent
+    finally:
+        agent.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+# ---------------------------------------------------------------- the page in Chromium
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Agent]]:
+    """A serve with auth on (a user token for acme and beta, an admin token) and short
+    tunables, delivering to the driven agent; its origin and the agent."""
+    tmp = tmp_path_factory.mktemp("ui")
+    tokens = tmp / "tokens.json"
+    tokens.write_text(
+        json.dumps(
+            {
+                "tokens": [
+                    {"token": USER, "user": "alice", "workspaces": ["acme", "beta"]},
+                    {"token": ADMIN, "user": "ops", "admin": True},
+                ]
+            }
+        )
+    )
+    port = free_port()
+    with driven_agent() as agent:
+        args = ["--port", str(port), "--data-dir", str(tmp / "data"), "--tokens", str(tokens)]
+        args += ["--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
+        args += ["--tunables", json.dumps(TUNABLES)]
+        with service(args, {"PROMPT_OUTBOX_WEBHOOK_SECRET": "ui-test-secret"}):
+            wait_healthy(port)
+            yield f"http://127.0.0.1:{port}", agent
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        _unavailable(f"no Chromium at {CHROMIUM} (make test installs Debian's chromium)")
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed (pip install -e '.[test]')")
+    expect.set_options(timeout=10_000)
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@dataclass
+class Seen:
+    """What a page did besides drawing: console errors, uncaught errors, dialogs, requests."""
+
+    console: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+
+    def unexpected(self, *allowed_statuses: int) -> list[str]:
+        """Console errors other than the browser's line for an answer with an allowed status."""
+        allowed = tuple(f"status of {s} " for s in allowed_statuses)
+        return [m for m in self.console if not any(a in m for a in allowed)] + self.errors
+
+
+@contextlib.contextmanager
+def opened(browser: Browser, *, phone: bool = False) -> Iterator[tuple[Page, Seen]]:
+    """A fresh tab (its own sessionStorage), desktop 1280x800 or phone 390x844."""
+    if phone:
+        context = browser.new_context(
+            viewport={"width": 390, "height": 844},
+            device_scale_factor=2,
+            is_mobile=True,
+            has_touch=True,
+        )
+    else:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    seen = Seen()
+    page.on("console", lambda m: seen.console.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: seen.errors.append(str(e)))
+    page.on("dialog", lambda d: (seen.dialogs.append(d.message), d.dismiss()))
+    page.on("request", lambda r: seen.requests.append(r.url))
+    try:
+        yield page, seen
+    finally:
+        context.close()
+
+
+def accept(origin: str, token: str, ws: str, ses: str, text: str) -> str:
+    r = httpx.post(
+        f"{origin}/v1/workspaces/{ws}/sessions/{ses}/prompts",
+        json={"clientMessageID": os.urandom(8).hex(), "text": text},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert r.status_code == 202, r.text
+    entry_id: str = r.json()["id"]
+    return entry_id
+
+
+def listing(origin: str, ws: str, ses: str) -> list[dict[str, Any]]:
+    r = httpx.get(
+        f"{origin}/v1/workspaces/{ws}/sessions/{ses}/prompts",
+        headers={"Authorization": f"Bearer {ADMIN}"},
+    )
+    assert r.status_code == 200, r.text
+    entries: list[dict[str, Any]] = r.json()["entries"]
+    return entries
+
+
+def sign_in(page: Page, token: str) -> None:
+    page.locator("#token").fill(token)
+    page.locator("#sign-in button[type=submit]").click()
+
+
+def card(page: Page, entry_id: str) -> Any:
+    return page.locator(f'#entries li.entry[data-id="{entry_id}"]')
+
+
+def go(page: Page, hash_: str) -> None:
+    page.evaluate("(h) => { location.hash = h; }", hash_)
+
+
+def confirm(page: Page) -> None:
+    from playwright.sync_api import expect
+
+    expect(page.locator("#ask")).to_be_visible()
+    page.locator("#ask-ok").click()
+
+
+def test_the_queue_follows_deliveries_and_its_actions_work(
+    stack: tuple[str, Agent], browser: Browser
+) -> None:
+    from playwright.sync_api import expect
+
+    origin, agent = stack
+    agent.failing, agent.release = True, threading.Event()
+    with opened(browser) as (page, seen):
+        notice = page.locator("#notice")
+        page.goto(f"{origin}/")  # redirected to the page, which asks for a token
+        expect(page).to_have_url(f"{origin}/ui/")
+        expect(page.locator("#sign-in")).to_be_visible()
+        sign_in(page, "not-a-token")
+        expect(page.locator("#sign-in .error-box")).to_have_text("That token was refused.")
+        sign_in(page, USER)
+        expect(page.locator("#user")).to_have_text("alice")
+        expect(page.locator("#admin-badge")).to_have_count(0)
+        token_key = "prompt-outbox-ui:token"
+        assert page.evaluate("(k) => sessionStorage.getItem(k)", token_key) == USER
+        assert page.evaluate("() => localStorage.length") == 0, "never in localStorage"
+        assert USER not in page.url
+
+        # The pills follow the agent: one entry held in delivery, one blocked behind it.
+        held = accept(origin, USER, "acme", "chat-1", "hold: summarize the CI run")
+        failing = accept(origin, USER, "acme", "chat-1", "fail: deploy to staging")
+        row = page.locator('#workspaces li[data-ws="acme"]')
+        expect(row.locator(".pill-delivering")).to_have_text("1 delivering")
+        expect(row.locator(".pill-pending")).to_have_text("1 pending")
+        row.locator("a.name").click()
+        expect(page).to_have_url(f"{origin}/ui/#/ws/acme")
+        expect(page.locator("#ws-bulk")).to_be_visible()
+        expect(page.locator("#ws-admin")).to_have_count(0)  # a user token: no admin controls
+        session_row = page.locator('#sessions li[data-session="chat-1"]')
+        expect(session_row).to_contain_text("delivering for")
+        expect(session_row).to_contain_text("blocked behind an in-flight delivery for")
+        session_row.locator("a.name").click()
+        expect(page).to_have_url(f"{origin}/ui/#/ws/acme/s/chat-1")
+        expect(page.locator(".live")).to_have_text("live")
+        expect(card(page, held).locator(".pill")).to_have_text("delivering")
+        expect(card(page, failing).locator(".pill")).to_have_text("pending")
+        expect(card(page, failing)).to_contain_text("blocked behind an in-flight delivery for")
+        page.reload()  # the hash keeps the view, sessionStorage the token
+        expect(card(page, held).locator(".pill")).to_have_text("delivering")
+        expect(page.locator("#sign-in")).to_have_count(0)
+
+        # A delivery holds the session: dismissing is refused as busy, not as gone.
+        card(page, failing).locator("button.dismiss").click()
+        confirm(page)
+        expect(notice).to_contain_text("busy, try again")
+        expect(notice).not_to_contain_text("gone")
+        expect(card(page, failing)).to_have_count(1)
+
+        agent.release.set()  # the held one is delivered; the next one is refused: error
+        expect(card(page, held)).to_have_count(0)
+        expect(card(page, failing).locator(".pill")).to_have_text("error")
+        expect(card(page, failing).locator(".last-error")).to_contain_text("400")
+        assert page.locator("#entries li.entry").count() == 1
+        # Retry, and it is delivered.
+        agent.failing = False
+        card(page, failing).locator("button.retry").click()
+        expect(card(page, failing)).to_have_count(0)
+        assert agent.ids()[-2:] == [held, failing]
+
+        # Edit a pending entry (429: waiting out a backoff, the lock free), then dismiss it.
+        agent.stuck.add("chat-2")
+        later = accept(origin, USER, "acme", "chat-2", "later: rotate the keys")
+        go(page, "#/ws/acme/s/chat-2")
+        expect(card(page, later)).to_contain_text("transient failures 1")
+        expect(card(page, later)).to_contain_text("next attempt in")
+        expect(card(page, later).locator(".pill")).to_have_text("pending")
+        card(page, later).locator("button.edit").click()
+        card(page, later).locator("textarea").fill("later: rotate the keys, then say so")
+        card(page, later).locator("button.save").click()
+        expect(notice).to_have_text("edited: the new text goes out")
+        expect(card(page, later).locator(".full-text")).to_have_text(
+            "later: rotate the keys, then say so"
+        )  # from the stream's `edited` update
+        assert listing(origin, "acme", "chat-2")[0]["text"] == "later: rotate the keys, then say so"
+        card(page, later).locator("button.dismiss").click()
+        expect(page.locator("#ask-message")).to_contain_text("removed for good")
+        page.locator("#ask-cancel").click()  # cancelled: nothing happens
+        expect(page.locator("#ask")).to_be_hidden()
+        expect(card(page, later)).to_have_count(1)
+        card(page, later).locator("button.dismiss").click()
+        confirm(page)
+        expect(notice).to_have_text("dismissed")
+        expect(card(page, later)).to_have_count(0)
+        expect(page.locator("#entries .empty")).to_have_text("The queue is empty.")
+        assert listing(origin, "acme", "chat-2") == []
+
+        # Bulk retry of a session's error entries.
+        agent.failing = True
+        two = [accept(origin, USER, "acme", "chat-3", f"fail: step {i}") for i in (1, 2)]
+        go(page, "#/ws/acme/s/chat-3")
+        for entry_id in two:
+            expect(card(page, entry_id).locator(".pill")).to_have_text("error")
+        agent.failing = False
+        page.get_by_role("button", name="Retry errors", exact=True).click()
+        expect(notice).to_have_text("retried 2 error entries")
+        for entry_id in two:
+            expect(card(page, entry_id)).to_have_count(0)
+        assert agent.ids()[-2:] == two
+
+        # Bulk dismiss of a workspace's error entries (confirmed first).
+        agent.failing = True
+        others = {s: accept(origin, USER, "acme", s, "fail: nightly") for s in ("chat-4", "chat-5")}
+        go(page, "#/ws/acme")
+        for ses in others:
+            expect(page.locator(f'#sessions li[data-session="{ses}"] .pill-error')).to_have_text(
+                "1 error"
+            )
+        page.get_by_role("button", name="Dismiss all errors").click()
+        expect(page.locator("#ask-message")).to_contain_text("every error entry of workspace acme")
+        confirm(page)
+        expect(notice).to_have_text("dismissed 2 error entries")
+        for ses in others:
+            expect(page.locator(f'#sessions li[data-session="{ses}"]')).to_have_count(0)
+        assert seen.unexpected(401, 409) == [], "only the refused token's 401s and the busy 409"
+        assert seen.dialogs == []
+
+
+def test_an_admin_parks_unparks_and_sweeps_a_workspace(
+    stack: tuple[str, Agent], browser: Browser
+) -> None:
+    from playwright.sync_api import expect
+
+    origin, agent = stack
+    agent.stuck.add("night")  # answered 429: pending in backoff, so it can be parked
+    entry_id = accept(origin, ADMIN, "beta", "night", "later: the nightly report")
+    with opened(browser) as (page, seen):
+        notice = page.locator("#notice")
+        page.goto(f"{origin}/ui/#/ws/beta/s/night")
+        sign_in(page, ADMIN)
+        expect(page.locator("#admin-badge")).to_have_text("admin")
+        expect(card(page, entry_id)).to_contain_text("transient failures 1")
+        go(page, "#/ws/beta")
+        expect(page.locator("#ws-admin")).to_be_visible()
+        page.get_by_role("button", name="Park…").click()
+        expect(page.locator("#ask-input")).to_be_visible()
+        page.locator("#ask-input").fill("maintenance window")
+        confirm(page)
+        expect(notice).to_have_text("parked 1 entries")
+        go(page, "#/ws/beta/s/night")
+        expect(card(page, entry_id).locator(".pill")).to_have_text("parked")
+        expect(card(page, entry_id).locator(".last-error")).to_have_text(
+            "parked: maintenance window"
+        )
+        expect(card(page, entry_id).locator("button.edit")).to_be_hidden()
+        go(page, "#/ws/beta")
+        page.get_by_role("button", name="Unpark").click()
+        expect(notice).to_have_text("unparked 1 entries")
+        go(page, "#/ws/beta/s/night")
+        expect(card(page, entry_id).locator(".pill")).to_have_text("pending")
+        go(page, "#/ws/beta")
+        page.get_by_role("button", name="Sweep…").click()
+        confirm(page)
+        expect(notice).to_contain_text("swept:")
+        # The one console line: the first /v1/me with no token (how the page tells --no-auth).
+        assert seen.unexpected(401) == [] and seen.dialogs == []
+
+
+def test_no_auth_needs_no_token(browser: Browser, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    port = free_port()
+    args = ["--port", str(port), "--data-dir", str(tmp_path / "data"), "--no-auth"]
+    with service(args), opened(browser) as (page, seen):
+        wait_healthy(port)
+        origin = f"http://127.0.0.1:{port}"
+        r = httpx.post(
+            f"{origin}/v1/workspaces/dev/sessions/s/prompts",
+            json={"clientMessageID": "m1", "text": "waits: no deliverer"},
+        )
+        assert r.status_code == 202, r.text
+        page.goto(f"{origin}/ui/")
+        expect(page.locator('#workspaces li[data-ws="dev"] .pill-pending')).to_have_text(
+            "1 pending"
+        )
+        expect(page.locator("#admin-badge")).to_be_visible()
+        expect(page.locator("#sign-in")).to_have_count(0)
+        expect(page.locator(".sign-out")).to_have_count(0)  # no token to forget
+        assert seen.unexpected() == []
+
+
+def test_hostile_texts_are_shown_as_text_and_nothing_runs(
+    stack: tuple[str, Agent], browser: Browser, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    origin, agent = stack
+    agent.failing, agent.release = True, threading.Event()
+    ws, ses = "acme", "chat-7"
+    failed = accept(origin, USER, ws, ses, "fail: run the migration on production")
+    held = accept(origin, USER, ws, ses, "hold: summarize yesterday's failed deploys")
+    hostile = [accept(origin, USER, ws, ses, text) for text in XSS]
+    plain = accept(origin, USER, ws, ses, "Then open a PR with the fix\nand ask for a review")
+    shots: dict[str, Path] = {}
+    try:
+        for phone in (False, True):
+            with opened(browser, phone=phone) as (page, seen):
+                page.goto(f"{origin}/ui/#/ws/{ws}/s/{ses}")
+                sign_in(page, USER)
+                expect(card(page, failed).locator(".pill")).to_have_text("error")
+                expect(card(page, held).locator(".pill")).to_have_text("delivering")
+                expect(card(page, plain).locator(".pill")).to_have_text("pending")
+                for entry_id, text in zip(hostile, XSS, strict=True):
+                    hostile_card = card(page, entry_id)
+                    expect(hostile_card.locator(".pill")).to_have_text("pending")
+                    hostile_card.locator("summary").click()  # expanded: the full text
+                    expect(hostile_card.locator(".full-text")).to_be_visible()
+                    expect(hostile_card.locator(".full-text")).to_have_text(text)
+                    expect(hostile_card.locator("summary")).to_have_text(text)
+                card(page, plain).locator("summary").click()
+                assert page.evaluate("() => window.__xss") is None
+                assert page.locator("#entries img, #entries script").count() == 0
+                assert page.locator("img").count() == 0
+                assert page.locator("script").count() == 1  # app.js
+                assert not [u for u in seen.requests if urlparse(u).path.endswith("/x")]
+                assert seen.dialogs == [] and seen.unexpected(401) == []
+                name = "ui-phone.png" if phone else "ui-desktop.png"
+                shots[name] = tmp_path / name
+                page.evaluate("() => window.scrollTo(0, 0)")
+                page.screenshot(path=str(shots[name]))
+                assert page.evaluate("() => window.__xss") is None
+    finally:
+        agent.release.set()
+    if os.environ.get("UI_SCREENSHOTS_TO_DOCS"):  # make ui-screenshots: the README's images
+        for name, path in shots.items():
+            (DOCS / name).write_bytes(path.read_bytes())
