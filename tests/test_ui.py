@@ -426,6 +426,52 @@ def test_the_queue_follows_deliveries_and_its_actions_work(
         assert seen.dialogs == []
 
 
+def first_event(origin: str, ws: str, ses: str) -> tuple[str, str]:
+    """The first message of the session's real event stream (its queue.reset), as sent, and
+    its event ID."""
+    url = f"{origin}/v1/workspaces/{ws}/sessions/{ses}/events"
+    lines: list[str] = []
+    with httpx.stream("GET", url, headers={"Authorization": f"Bearer {USER}"}, timeout=10) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if line == "" and any(x.startswith("data:") for x in lines):
+                break
+    [event_id] = [x.removeprefix("id:").strip() for x in lines if x.startswith("id:")]
+    return "\n".join(lines) + "\n", event_id
+
+
+def test_a_broken_stream_resumes_by_its_id(stack: tuple[str, Agent], browser: Browser) -> None:
+    from playwright.sync_api import Route, expect
+
+    origin, agent = stack
+    agent.stuck.add("chat-8")  # 429: entries stay pending, on the page
+    first = accept(origin, USER, "acme", "chat-8", "before the break")
+    reset, reset_id = first_event(origin, "acme", "chat-8")  # a real reset and its real ID
+    second = accept(origin, USER, "acme", "chat-8", "during the break")
+    streams: list[dict[str, str]] = []
+
+    def events(route: Route) -> None:
+        streams.append(route.request.headers)
+        if len(streams) == 1:  # the page's first stream: that reset, then the stream ends
+            route.fulfill(status=200, content_type="text/event-stream", body=reset)
+        else:
+            route.continue_()
+
+    with opened(browser) as (page, seen):
+        page.route("**/sessions/chat-8/events*", events)
+        page.goto(f"{origin}/ui/#/ws/acme/s/chat-8")
+        sign_in(page, USER)
+        entries = page.locator("#entries")
+        expect(card(page, second)).to_be_visible()  # what it missed, after the reconnect
+        expect(page.locator(".live")).to_have_text("live")
+        expect(entries).to_have_attribute("data-resets", "1")  # resumed: no second reset
+        assert "last-event-id" not in streams[0]
+        assert streams[1]["last-event-id"] == reset_id, "the reconnect names its resume point"
+        ids = [e.get_attribute("data-id") for e in entries.locator("li.entry").all()]
+        assert ids == [first, second]
+        assert seen.unexpected(401) == []
+
+
 def test_an_admin_parks_unparks_and_sweeps_a_workspace(
     stack: tuple[str, Agent], browser: Browser
 ) -> None:
