@@ -97,6 +97,16 @@ def test_ui_is_served_with_its_csp_and_slash_redirects(stack: tuple[str, Agent])
     assert not [p for p in paths if p == "/" or p.startswith("/ui")], "the page is no API"
 
 
+def test_the_bundle_never_writes_html() -> None:
+    # The XSS rule (clients/ui/README.md): text from the API reaches the DOM only as text.
+    # The bundle is all the code the page runs (the client and eventsource-parser included),
+    # with esbuild's comments gone; none of the HTML sinks may appear in it.
+    code = (ui.STATIC / "app.js").read_text()
+    sinks = ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "Function("]
+    assert [s for s in sinks if s in code] == []
+    assert "<script>" not in (ui.STATIC / "index.html").read_text()  # no inline script
+
+
 def test_the_wheel_ships_the_page() -> None:
     # hatch packs every file under src/prompt_outbox that git does not ignore.
     ignored = [p for p in ui.FILES if _git_ignores(ui.STATIC / p)]
