@@ -8,13 +8,9 @@ exception to its status, ``auth`` checks tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import RedirectResponse, Response
-from starlette.staticfiles import StaticFiles
 
 from .. import __version__
 from ..outbox import Outbox
@@ -23,28 +19,7 @@ from .auth import TokenTable
 from .errors import EXCEPTION_HANDLERS
 from .fast import AcceptFastPath
 from .streams import StreamGate, StreamLimits
-
-# The queue page (clients/ui, bundled into the package): static files at /ui/, none of them
-# built from user data, under a CSP that allows nothing but this origin's own files.
-UI_STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
-UI_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
-    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",
-}
-
-
-class _UiFiles(StaticFiles):
-    def file_response(self, *args: Any, **kwargs: Any) -> Response:
-        response = super().file_response(*args, **kwargs)
-        response.headers.update(UI_HEADERS)
-        return response
-
-
-def _to_ui() -> RedirectResponse:
-    return RedirectResponse("ui/", status_code=307)  # relative: keeps a proxy's path prefix
+from .ui import mount_ui
 
 
 def create_app(
@@ -70,10 +45,7 @@ def create_app(
     routers = (prompts.router, bulk.router, tickets.router, workspaces.router, overview.router)
     for router in (*routers, health.router):
         app.include_router(router)
-    # The page: out of the OpenAPI (it is no API), no token needed (it asks for one).
-    app.add_api_route("/", _to_ui, methods=["GET"], include_in_schema=False)
-    app.add_api_route("/ui", _to_ui, methods=["GET"], include_in_schema=False)
-    app.mount("/ui", _UiFiles(directory=UI_STATIC, html=True, check_dir=False), name="ui")
+    mount_ui(app)  # the queue page, out of the OpenAPI
     app.add_middleware(AcceptFastPath)  # the hot route, answered before FastAPI routes it
     if cors_origins:  # added last, so outermost: the fast path's answers get the headers too
         app.add_middleware(
