@@ -4,8 +4,14 @@
  *
  * @module
  */
-import { OutboxError, type BulkResult, type Counts, type EntryStatus } from "./client.js";
-import { byId, h, replace, setText, type Child } from "./dom.js";
+import {
+  OutboxError,
+  type BulkResult,
+  type Counts,
+  type EntryStatus,
+  type OutboxClient,
+} from "./client.js";
+import { button, byId, h, replace, setText, type Child } from "./dom.js";
 import { duration, nsToSeconds } from "./format.js";
 
 export const STATUSES: readonly EntryStatus[] = [
@@ -80,6 +86,43 @@ export function bulkSummary(verb: string, result: BulkResult): string {
   const done = `${verb} ${result.done} error ${result.done === 1 ? "entry" : "entries"}`;
   if (result.busy.length === 0) return done;
   return `${done}; busy, try again: ${result.busy.length} session(s) were being delivered (${result.busy.join(", ")})`;
+}
+
+/**
+ * Retry / dismiss every error entry of a session, or (no `ses`) of every session of the
+ * workspace; dismissing asks first. `after` runs once either action has answered.
+ */
+export function errorsToolbar(
+  client: OutboxClient,
+  ws: string,
+  ses?: string,
+  after: () => Promise<void> = async () => {},
+): HTMLElement {
+  const one = ses !== undefined;
+  const all = one ? "" : " all";
+  return h(
+    "div",
+    { class: "toolbar", id: one ? "session-bulk" : "ws-bulk" },
+    h("span", { class: "label" }, `Error entries of ${one ? "this" : "every"} session:`),
+    button(`Retry${all} errors`, async () => {
+      await act(async () => bulkSummary("retried", await client.retryErrors(ws, ses)));
+      await after();
+    }),
+    button(
+      `Dismiss${all} errors`,
+      async () => {
+        const ok = await ask({
+          message: `Dismiss every error entry of ${one ? `session ${ses}` : `workspace ${ws}`}? They are removed for good.`,
+          ok: `Dismiss${all} errors`,
+          danger: true,
+        });
+        if (ok === null) return;
+        await act(async () => bulkSummary("dismissed", await client.dismissErrors(ws, ses)));
+        await after();
+      },
+      { class: "danger-outline" },
+    ),
+  );
 }
 
 interface AskOptions {

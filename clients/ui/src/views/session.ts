@@ -11,7 +11,7 @@ import { OutboxError, type Entry, type QueueUpdate, type WatchHandle } from "../
 import type { Ctx, View } from "../context.js";
 import { button, h, replace, setText } from "../dom.js";
 import { age, duration, until } from "../format.js";
-import { act, ask, bulkSummary, explain, pill } from "../widgets.js";
+import { act, ask, errorsToolbar, explain, pill } from "../widgets.js";
 
 const PREVIEW = 120;
 
@@ -168,27 +168,7 @@ class SessionView implements View {
     readonly ses: string,
   ) {
     const { client } = ctx;
-    const bulk = h(
-      "div",
-      { class: "toolbar", id: "session-bulk" },
-      h("span", { class: "label" }, "Error entries of this session:"),
-      button("Retry errors", () =>
-        act(async () => bulkSummary("retried", await client.retryErrors(ws, ses))),
-      ),
-      button(
-        "Dismiss errors",
-        async () => {
-          const ok = await ask({
-            message: `Dismiss every error entry of session ${ses}? They are removed for good.`,
-            ok: "Dismiss errors",
-            danger: true,
-          });
-          if (ok === null) return;
-          await act(async () => bulkSummary("dismissed", await client.dismissErrors(ws, ses)));
-        },
-        { class: "danger-outline" },
-      ),
-    );
+    const bulk = errorsToolbar(client, ws, ses);
     this.el = h(
       "section",
       { class: "view" },

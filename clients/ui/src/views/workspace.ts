@@ -10,7 +10,7 @@ import type { SessionSummary } from "../client.js";
 import { every, REFRESH_MS, type Ctx, type View } from "../context.js";
 import { button, h, replace } from "../dom.js";
 import { sessionHash } from "../routes.js";
-import { act, ask, bulkSummary, countPills, Pager, showError, waited } from "../widgets.js";
+import { act, ask, countPills, errorsToolbar, Pager, showError, waited } from "../widgets.js";
 
 function row(ws: string, s: SessionSummary): HTMLElement {
   return h(
@@ -37,28 +37,7 @@ export function workspaceView(ctx: Ctx, ws: string): View {
   /** Ask again now (after an action, or a page move); a failure shows in the body. */
   const refresh = (): Promise<void> => load().catch((err: unknown) => showError(body, err));
 
-  const bulk = h(
-    "div",
-    { class: "toolbar", id: "ws-bulk" },
-    h("span", { class: "label" }, "Error entries of every session:"),
-    button("Retry all errors", () =>
-      act(async () => bulkSummary("retried", await client.retryErrors(ws))).then(refresh),
-    ),
-    button(
-      "Dismiss all errors",
-      async () => {
-        const ok = await ask({
-          message: `Dismiss every error entry of workspace ${ws}? They are removed for good.`,
-          ok: "Dismiss all errors",
-          danger: true,
-        });
-        if (ok === null) return;
-        await act(async () => bulkSummary("dismissed", await client.dismissErrors(ws)));
-        await refresh();
-      },
-      { class: "danger-outline" },
-    ),
-  );
+  const bulk = errorsToolbar(client, ws, undefined, refresh);
 
   // Not in the DOM at all without an admin token (the server refuses them anyway).
   const admin = !ctx.me.admin

@@ -1056,6 +1056,34 @@ function bulkSummary(verb, result) {
   if (result.busy.length === 0) return done;
   return `${done}; busy, try again: ${result.busy.length} session(s) were being delivered (${result.busy.join(", ")})`;
 }
+function errorsToolbar(client, ws, ses, after = async () => {
+}) {
+  const one = ses !== void 0;
+  const all = one ? "" : " all";
+  return h(
+    "div",
+    { class: "toolbar", id: one ? "session-bulk" : "ws-bulk" },
+    h("span", { class: "label" }, `Error entries of ${one ? "this" : "every"} session:`),
+    button(`Retry${all} errors`, async () => {
+      await act(async () => bulkSummary("retried", await client.retryErrors(ws, ses)));
+      await after();
+    }),
+    button(
+      `Dismiss${all} errors`,
+      async () => {
+        const ok = await ask({
+          message: `Dismiss every error entry of ${one ? `session ${ses}` : `workspace ${ws}`}? They are removed for good.`,
+          ok: `Dismiss${all} errors`,
+          danger: true
+        });
+        if (ok === null) return;
+        await act(async () => bulkSummary("dismissed", await client.dismissErrors(ws, ses)));
+        await after();
+      },
+      { class: "danger-outline" }
+    )
+  );
+}
 function ask(options) {
   const dialog = byId("ask");
   const input = byId("ask-input");
@@ -1253,28 +1281,7 @@ var SessionView = class {
     this.ws = ws;
     this.ses = ses;
     const { client } = ctx2;
-    const bulk = h(
-      "div",
-      { class: "toolbar", id: "session-bulk" },
-      h("span", { class: "label" }, "Error entries of this session:"),
-      button(
-        "Retry errors",
-        () => act(async () => bulkSummary("retried", await client.retryErrors(ws, ses)))
-      ),
-      button(
-        "Dismiss errors",
-        async () => {
-          const ok = await ask({
-            message: `Dismiss every error entry of session ${ses}? They are removed for good.`,
-            ok: "Dismiss errors",
-            danger: true
-          });
-          if (ok === null) return;
-          await act(async () => bulkSummary("dismissed", await client.dismissErrors(ws, ses)));
-        },
-        { class: "danger-outline" }
-      )
-    );
+    const bulk = errorsToolbar(client, ws, ses);
     this.el = h(
       "section",
       { class: "view" },
@@ -1436,29 +1443,7 @@ function workspaceView(ctx2, ws) {
   const pager = new Pager(() => void refresh());
   const { client } = ctx2;
   const refresh = () => load().catch((err) => showError(body, err));
-  const bulk = h(
-    "div",
-    { class: "toolbar", id: "ws-bulk" },
-    h("span", { class: "label" }, "Error entries of every session:"),
-    button(
-      "Retry all errors",
-      () => act(async () => bulkSummary("retried", await client.retryErrors(ws))).then(refresh)
-    ),
-    button(
-      "Dismiss all errors",
-      async () => {
-        const ok = await ask({
-          message: `Dismiss every error entry of workspace ${ws}? They are removed for good.`,
-          ok: "Dismiss all errors",
-          danger: true
-        });
-        if (ok === null) return;
-        await act(async () => bulkSummary("dismissed", await client.dismissErrors(ws)));
-        await refresh();
-      },
-      { class: "danger-outline" }
-    )
-  );
+  const bulk = errorsToolbar(client, ws, void 0, refresh);
   const admin = !ctx2.me.admin ? null : h(
     "div",
     { class: "toolbar admin", id: "ws-admin" },
