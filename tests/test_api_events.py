@@ -89,6 +89,23 @@ async def test_last_event_id_resumes_without_missing_anything(http: httpx.AsyncC
     assert (data(only)["kind"], only["id"]) == ("dismissed", got[2]["id"])
 
 
+async def test_a_resume_point_out_of_range_is_400_and_one_ahead_of_the_log_a_reset(
+    http: httpx.AsyncClient,
+) -> None:
+    # On a session WITH events: the ID reached Valkey's XREAD, which refused it (a 500).
+    accepted = await http.post(URL, json={"clientMessageID": "a", "text": "one"}, headers=ALICE)
+    assert accepted.status_code == 202
+    for bad in ("99999999999999999999-0", "0-18446744073709551616"):
+        r = await http.get(EVENTS, headers={**ALICE, "Last-Event-ID": bad})
+        assert (r.status_code, r.json()["error"]) == (400, "invalid_event_id"), r.text
+    # In range but past the log's last event (made up): a reset, never a silent gap.
+    ahead = {**ALICE, "Last-Event-ID": "18446744073709551615-18446744073709551615"}
+    async with http.stream("GET", EVENTS, headers=ahead) as r:
+        first = await Sse(r).next()
+    assert first["event"] == "queue.reset"
+    assert [e["id"] for e in data(first)["entries"]] == [accepted.json()["id"]]
+
+
 @pytest.mark.parametrize(
     ("headers", "path", "status", "code"),
     [

@@ -10,7 +10,14 @@ import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Duplicate, IdempotencyKeyReused, Outbox, OutboxFull, Status
-from prompt_outbox.core.events import EventLogState, QueueEvent, QueueReset, missed_events
+from prompt_outbox.core.errors import InvalidEventId
+from prompt_outbox.core.events import (
+    EventLogState,
+    QueueEvent,
+    QueueReset,
+    missed_events,
+    parse_event_id,
+)
 from prompt_outbox.core.keys import session_keys
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, ManualClock
@@ -149,3 +156,13 @@ def test_missed_events_is_conservative() -> None:
     assert missed_events("0-9800", EventLogState("9500-0", "9900-3", 10, 11, now), ttl)
     assert missed_events("0-0", log, ttl)
     assert gone.position() == f"0-{now}" and log.position() == "9900-3"
+    assert missed_events("9900-4", log, ttl)  # past the log's last event: made up, a reset
+
+
+@pytest.mark.parametrize(
+    "bad", ["18446744073709551616-0", "0-18446744073709551616", "9" * 20 + "-0"]
+)
+def test_event_ids_past_64_bits_are_refused(bad: str) -> None:
+    with pytest.raises(InvalidEventId, match="2\\^64"):
+        parse_event_id(bad)
+    assert parse_event_id("18446744073709551615-18446744073709551615") == (2**64 - 1, 2**64 - 1)

@@ -14,6 +14,7 @@ from .entry import Entry
 from .errors import InvalidEventId
 
 _EVENT_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+_MAX_PART = 2**64 - 1  # a stream ID's parts are unsigned 64-bit: Valkey refuses the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +40,10 @@ class QueueReset:
 def parse_event_id(value: str) -> tuple[int, int]:
     """``"<ms>-<seq>"`` as a comparable pair; raises InvalidEventId for anything else."""
     m = _EVENT_ID.fullmatch(value)
-    if m is None:
-        raise InvalidEventId(f"an event ID looks like <ms>-<seq>, got {value[:64]!r}")
+    if m is None or int(m.group(1)) > _MAX_PART or int(m.group(2)) > _MAX_PART:
+        raise InvalidEventId(
+            f"an event ID looks like <ms>-<seq>, each below 2^64, got {value[:64]!r}"
+        )
     return int(m.group(1)), int(m.group(2))
 
 
@@ -72,4 +75,6 @@ def missed_events(after: str, log: EventLogState, ttl_ms: int) -> bool:
         return ms != 0  # the log is gone (cleanup) though this reader had one
     if ms == 0:
         return log.added > log.length  # it needs every event since the log began
+    if (ms, seq) > parse_event_id(log.last):
+        return True  # a position the log never reached (made up): from there it would skip
     return (ms, seq) < parse_event_id(log.first)  # its position was trimmed away
