@@ -2,6 +2,7 @@
 
 from .app import create_app
 from .auth import Principal, TokenTable
+from .limits import RateLimit
 from .streams import StreamLimits
 
-__all__ = ["Principal", "StreamLimits", "TokenTable", "create_app"]
+__all__ = ["Principal", "RateLimit", "StreamLimits", "TokenTable", "create_app"]

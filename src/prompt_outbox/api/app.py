@@ -18,6 +18,7 @@ from . import bulk, health, overview, prompts, tickets, workspaces
 from .auth import TokenTable
 from .errors import EXCEPTION_HANDLERS
 from .fast import AcceptFastPath
+from .limits import AcceptRates, RateLimit
 from .streams import StreamGate, StreamLimits
 from .ui import mount_ui
 
@@ -28,10 +29,13 @@ def create_app(
     *,
     streams: StreamLimits | None = None,
     cors_origins: Sequence[str] = (),
+    accept_rate: RateLimit | None = None,
 ) -> FastAPI:
     """The API over ``outbox``; ``tokens`` decides who may touch which workspace;
     ``streams`` bounds the open event streams (per process, per token); ``cors_origins``
-    are the origins (``https://app.example``) whose pages may call it from a browser."""
+    are the origins (``https://app.example``) whose pages may call it from a browser;
+    ``accept_rate`` bounds the accepts per second of each token (``RateLimit()``'s defaults
+    when None; ``RateLimit(0)`` for none)."""
     # No trailing-slash redirects: an empty ID ("/prompts/") is a plain 404, not a 307.
     app = FastAPI(
         title="prompt-outbox",
@@ -42,6 +46,7 @@ def create_app(
     app.state.outbox = outbox  # the routes reach it through params.get_outbox
     app.state.tokens = tokens  # auth.principal reads it
     app.state.streams = StreamGate(streams or StreamLimits())  # the events route takes a slot
+    app.state.accept_rates = AcceptRates(accept_rate or RateLimit())  # the accept takes one
     routers = (prompts.router, bulk.router, tickets.router, workspaces.router, overview.router)
     for router in (*routers, health.router):
         app.include_router(router)

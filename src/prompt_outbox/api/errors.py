@@ -67,7 +67,8 @@ ERROR_WHY = {
     413: "the body or the text is too large",
     422: "a field is missing or of the wrong type; for an accept, idempotency_key_reused: the "
     "key was accepted for another text or model (its id), nothing written",
-    429: "the session's outbox is full (or, for events, the token holds too many streams)",
+    429: "the session's outbox is full (or, for events, the token holds too many streams); "
+    "for an accept, rate_limited: the token sends faster than its accept rate (Retry-After)",
     503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
     "accept, not_durable: written (its id) but not confirmed at accept_durability in time",
 }

@@ -73,4 +73,5 @@ class AcceptFastPath:
         check_id(PATH_IDS["ws"], ws)
         check_id(PATH_IDS["ses"], ses)
         key = request.headers.get("idempotency-key")
-        return await accept_body(state.outbox, ws, ses, caller, await request.body(), key)
+        body = await request.body()
+        return await accept_body(state.outbox, state.accept_rates, ws, ses, caller, body, key)

@@ -23,6 +23,7 @@ from ..core.validate import MAX_TEXT_BYTES, WhileBusy
 from ..outbox import Outbox
 from .auth import Caller, Principal
 from .errors import ApiError, errors
+from .limits import AcceptRates
 from .models import Accepted, EditedOut, EntryList, Retried
 from .params import EntryId, OutboxDep, SessionId, WorkspaceId
 from .sse import event_stream
@@ -130,14 +131,23 @@ async def accept_prompt(
     (200, ``Idempotent-Replayed: true``). The same key with another text or model is a 422
     ``idempotency_key_reused`` (with the first entry's ``id``), and changes nothing."""
     # ``fast.AcceptFastPath`` answers this route before FastAPI routes it; both end here.
-    return await accept_body(outbox, ws, ses, caller, await request.body(), idempotency_key)
+    rates = request.app.state.accept_rates
+    body = await request.body()
+    return await accept_body(outbox, rates, ws, ses, caller, body, idempotency_key)
 
 
 async def accept_body(
-    outbox: Outbox, ws: str, ses: str, caller: Principal, body: bytes, key: str | None
+    outbox: Outbox,
+    rates: AcceptRates,
+    ws: str,
+    ses: str,
+    caller: Principal,
+    body: bytes,
+    key: str | None,
 ) -> Response:
-    """The accept route once auth and the path IDs passed: the body checked and accepted.
-    ``key``: the Idempotency-Key header as sent, if any."""
+    """The accept route once auth and the path IDs passed: the caller's rate, then the body
+    checked and accepted. ``key``: the Idempotency-Key header as sent, if any."""
+    rates.take(caller)  # before the body is parsed: a flood costs a lookup per request
     _check_size(body)
     cmid, text, model, while_busy = _parse_prompt(
         body, None if key is None else _idempotency_key(key)

@@ -17,7 +17,7 @@ import click
 import httpx
 import uvicorn
 
-from ..api import TokenTable, create_app
+from ..api import RateLimit, TokenTable, create_app
 from ..core.settings import Tunables
 from ..deliver import WebhookDeliverer
 from ..outbox import Outbox
@@ -94,7 +94,9 @@ async def _demo(prompts: int, sessions: int, seed: int, data_dir: Path, wait_s: 
     outbox = Outbox(client, DEMO_TUNABLES)
     outbox.set_verifier(hook.verify)
     port = free_port()
-    app = create_app(outbox, TokenTable({}, disabled=True))
+    # The demo's ten "phones" share --no-auth's one principal, so one token's accept rate
+    # would throttle them all together: no rate limit here (the session cap still holds).
+    app = create_app(outbox, TokenTable({}, disabled=True), accept_rate=RateLimit(0))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     api_task = asyncio.create_task(server.serve())
     started = time.monotonic()

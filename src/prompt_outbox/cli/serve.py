@@ -18,7 +18,8 @@ from typing import Any
 import click
 import uvicorn
 
-from ..api import StreamLimits, TokenTable, create_app
+from ..api import RateLimit, StreamLimits, TokenTable, create_app
+from ..api.limits import DEFAULT_BURST, DEFAULT_RATE
 from ..api.streams import DEFAULT_PER_PROCESS, DEFAULT_PER_TOKEN
 from ..outbox import Outbox
 from ..storage.connect import connect
@@ -107,9 +108,12 @@ async def run_api(
     http: str = "auto",
     access_log: bool = False,
     cors_origins: tuple[str, ...] = (),
+    accept_rate: RateLimit | None = None,
 ) -> None:
     """Serve the API until SIGINT / SIGTERM."""
-    app = create_app(outbox, tokens, streams=streams, cors_origins=cors_origins)
+    app = create_app(
+        outbox, tokens, streams=streams, cors_origins=cors_origins, accept_rate=accept_rate
+    )
     config = uvicorn.Config(
         app,
         host=host,
@@ -157,6 +161,22 @@ async def run_api(
     help="open event streams one token may hold (429 past it)",
 )
 @click.option(
+    "--accept-rate",
+    default=DEFAULT_RATE,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_ACCEPT_RATE",
+    type=click.FloatRange(min=0),
+    help="accepts per second one token may sustain, in this process (429 past it; 0: no limit)",
+)
+@click.option(
+    "--accept-burst",
+    default=DEFAULT_BURST,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_ACCEPT_BURST",
+    type=click.IntRange(min=1),
+    help="accepts one token may send at once after a quiet spell",
+)
+@click.option(
     "--access-log/--no-access-log",
     default=False,
     show_default=True,
@@ -201,6 +221,8 @@ def serve(
     no_auth: bool,
     max_streams: int,
     max_streams_per_token: int,
+    accept_rate: float,
+    accept_burst: int,
     access_log: bool,
     cors_origins: tuple[str, ...],
     loop: str,
@@ -242,6 +264,7 @@ def serve(
                 http=http_parser,
                 access_log=access_log,
                 cors_origins=cors_origins,
+                accept_rate=RateLimit(accept_rate, accept_burst),
             )
 
     run_on(loop, main)
