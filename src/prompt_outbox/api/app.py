@@ -18,6 +18,7 @@ from . import bulk, health, overview, prompts, tickets, workspaces
 from .auth import TokenTable
 from .errors import EXCEPTION_HANDLERS
 from .fast import AcceptFastPath
+from .health import DEFAULT_COUNT_INTERVAL, EntryCounts
 from .limits import AcceptRates, RateLimit
 from .streams import StreamGate, StreamLimits
 from .ui import mount_ui
@@ -30,12 +31,14 @@ def create_app(
     streams: StreamLimits | None = None,
     cors_origins: Sequence[str] = (),
     accept_rate: RateLimit | None = None,
+    count_interval: float = DEFAULT_COUNT_INTERVAL,
 ) -> FastAPI:
     """The API over ``outbox``; ``tokens`` decides who may touch which workspace;
     ``streams`` bounds the open event streams (per process, per token); ``cors_origins``
     are the origins (``https://app.example``) whose pages may call it from a browser;
     ``accept_rate`` bounds the accepts per second of each token (``RateLimit()``'s defaults
-    when None; ``RateLimit(0)`` for none)."""
+    when None; ``RateLimit(0)`` for none); ``count_interval`` is how often, at most, ``/metrics``
+    counts the entries by status (seconds; 0: never)."""
     # No trailing-slash redirects: an empty ID ("/prompts/") is a plain 404, not a 307.
     app = FastAPI(
         title="prompt-outbox",
@@ -47,6 +50,7 @@ def create_app(
     app.state.tokens = tokens  # auth.principal reads it
     app.state.streams = StreamGate(streams or StreamLimits())  # the events route takes a slot
     app.state.accept_rates = AcceptRates(accept_rate or RateLimit())  # the accept takes one
+    app.state.entry_counts = EntryCounts(outbox.count_by_status, count_interval)  # /metrics
     routers = (prompts.router, bulk.router, tickets.router, workspaces.router, overview.router)
     for router in (*routers, health.router):
         app.include_router(router)

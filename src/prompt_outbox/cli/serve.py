@@ -19,6 +19,7 @@ import click
 import uvicorn
 
 from ..api import RateLimit, StreamLimits, TokenTable, create_app
+from ..api.health import DEFAULT_COUNT_INTERVAL
 from ..api.limits import DEFAULT_BURST, DEFAULT_RATE
 from ..api.streams import DEFAULT_PER_PROCESS, DEFAULT_PER_TOKEN
 from ..outbox import Outbox
@@ -109,10 +110,16 @@ async def run_api(
     access_log: bool = False,
     cors_origins: tuple[str, ...] = (),
     accept_rate: RateLimit | None = None,
+    count_interval: float = DEFAULT_COUNT_INTERVAL,
 ) -> None:
     """Serve the API until SIGINT / SIGTERM."""
     app = create_app(
-        outbox, tokens, streams=streams, cors_origins=cors_origins, accept_rate=accept_rate
+        outbox,
+        tokens,
+        streams=streams,
+        cors_origins=cors_origins,
+        accept_rate=accept_rate,
+        count_interval=count_interval,
     )
     config = uvicorn.Config(
         app,
@@ -177,6 +184,15 @@ async def run_api(
     help="accepts one token may send at once after a quiet spell",
 )
 @click.option(
+    "--metrics-count-interval",
+    default=DEFAULT_COUNT_INTERVAL,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_METRICS_COUNT_INTERVAL",
+    type=click.FloatRange(min=0),
+    help="seconds between two counts of the entries by status for /metrics (each reads every "
+    "entry; scrapes in between get the last count); 0: no entries gauge",
+)
+@click.option(
     "--access-log/--no-access-log",
     default=False,
     show_default=True,
@@ -223,6 +239,7 @@ def serve(
     max_streams_per_token: int,
     accept_rate: float,
     accept_burst: int,
+    metrics_count_interval: float,
     access_log: bool,
     cors_origins: tuple[str, ...],
     loop: str,
@@ -265,6 +282,7 @@ def serve(
                 access_log=access_log,
                 cors_origins=cors_origins,
                 accept_rate=RateLimit(accept_rate, accept_burst),
+                count_interval=metrics_count_interval,
             )
 
     run_on(loop, main)

@@ -1,5 +1,6 @@
 """Prometheus metrics of one process: counters and latency histograms fed by the Outbox, and
-the entries-by-status gauge read from Valkey at scrape time (every replica sees the same)."""
+the entries-by-status gauge counted from Valkey (every replica sees the same), at most once
+per interval (api/health.py)."""
 
 from __future__ import annotations
 
@@ -103,11 +104,22 @@ class Metrics:
             registry=r,
         )
         self.entries = Gauge(
-            "prompt_outbox_entries", "Entries in the outbox now, by status.", ["status"], registry=r
+            "prompt_outbox_entries",
+            "Entries in the outbox, by status, as last counted (prompt_outbox_entries_counted).",
+            ["status"],
+            registry=r,
+        )
+        self.entries_counted = Gauge(
+            "prompt_outbox_entries_counted",
+            "When prompt_outbox_entries was counted (seconds since the epoch).",
+            registry=r,
         )
 
-    def render(self, by_status: Mapping[str, int]) -> bytes:
-        """The text exposition, with the gauge set from a fresh count of the entries."""
-        for status in Status:
-            self.entries.labels(status=str(status)).set(by_status.get(str(status), 0))
+    def render(self, by_status: Mapping[str, int] | None, counted_at: float = 0.0) -> bytes:
+        """The text exposition, with the gauge set from a count of the entries taken at
+        ``counted_at`` (seconds since the epoch); None: no count yet, no gauge."""
+        if by_status is not None:
+            for status in Status:
+                self.entries.labels(status=str(status)).set(by_status.get(str(status), 0))
+            self.entries_counted.set(counted_at)
         return generate_latest(self.registry)
