@@ -23,6 +23,25 @@ LEGACY_WORKSPACES = "outboxworkspaces"
 """The registry before the due index (a ZSET workspace -> last accept ms). Read once at start
 (``Store.migrate_legacy_registry``) and folded into the buckets, then deleted."""
 
+WORKSPACE_KEY_PREFIXES: tuple[str, ...] = (
+    "outboxq:",
+    "outboxd:",
+    "outboxlock:",
+    "outboxev:",
+    "outboxdedupe:",
+    "outboxdedupefp:",
+    "outboxclaim:",
+    "outboxready:",
+    "outboxsessions:",
+    "outboxerrors:",
+    "outboxnotify:",
+    "outboxnotifydue:",
+)
+"""The prefix of every key that belongs to one workspace: each is ``<prefix>{<ws>}``, alone
+or followed by ``:`` and the rest. Cleanup deletes exactly the keys under these
+(``WorkspaceKeys.owns``); a test drives every script and checks each key written is under one.
+The due index's bucket keys (``BucketKeys``) are shared by many workspaces and not listed."""
+
 BUCKETS = 8
 """How many buckets the due index and the registry are split into. Part of the layout: every
 process must agree on it. A run loop reads each bucket once per tick, whatever the number of
@@ -125,8 +144,16 @@ class WorkspaceKeys:
 
     @property
     def scan_pattern(self) -> str:
-        """Matches every key of this workspace (the ID charset holds no glob characters)."""
+        """SCAN MATCH for this workspace's keys, as a prefilter only: its ``*`` also spans
+        another workspace's name (``outboxq:{other}:{ws}``, a session named like this
+        workspace). ``owns`` decides."""
         return f"outbox*:{{{self.ws}}}*"
+
+    def owns(self, key: str) -> bool:
+        """Whether ``key`` is this workspace's: ``<prefix>{ws}`` at its start, for a prefix
+        of ``WORKSPACE_KEY_PREFIXES``. Exact, because an ID holds no brace: ``{acme}`` is
+        not the start of ``{acme2}``, and ``outboxq:{other}:{acme}`` starts with ``{other}``."""
+        return key.startswith(tuple(f"{p}{{{self.ws}}}" for p in WORKSPACE_KEY_PREFIXES))
 
 
 @dataclass(frozen=True, slots=True)

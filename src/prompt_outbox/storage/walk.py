@@ -135,13 +135,20 @@ class Walk:
         return await self.due.prune(w, generation)
 
     async def cleanup_workspace(self, w: WorkspaceKeys) -> int:
-        """Delete every key of the workspace (found by pattern: an admin action, not a tick).
-        Out of the registry first: an accept racing the cleanup registers it again (its
-        entry may survive the cleanup, and must stay found)."""
+        """Delete every key of the workspace, and no other's (an admin action, not a tick).
+        One SCAN with the workspace's pattern, then ``WorkspaceKeys.owns`` keeps only the keys
+        under its exact prefixes: the pattern alone also matches another workspace's session
+        named like this one. (One pass over the keyspace, where a SCAN per prefix would make
+        one pass each; the workspace's own indexes would miss the dedupe markers, claim
+        markers and event logs of sessions that hold no entry now.) Out of the registry first:
+        an accept racing the cleanup registers it again (its entry may survive, and must stay
+        found)."""
         await self.due.forget(w)
         removed = 0
         batch: list[Any] = []
         async for key in self.client.scan_iter(match=w.scan_pattern, count=500):
+            if not w.owns(text(key)):
+                continue
             batch.append(key)
             if len(batch) >= 500:
                 removed += int(await self.client.delete(*batch))
