@@ -1,5 +1,6 @@
 """The webhook deliverer against a real HTTP server on loopback: signature, idempotency key,
-and each response class mapped to the seed's outcome classes, through the Outbox."""
+and each response class mapped to the seed's outcome classes, through the Outbox. The receiver
+checks every delivery with ``prompt_outbox.webhook.verify_signature``, as a user's would."""
 
 from __future__ import annotations
 
@@ -12,11 +13,22 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+import httpx
 import pytest
 
 from prompt_outbox import Outbox, Status
-from prompt_outbox.deliver import SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookDeliverer, sign
+from prompt_outbox.cli.flaky_agent import FlakyAgent
+from prompt_outbox.deliver import WebhookDeliverer
 from prompt_outbox.embedded import free_port
+from prompt_outbox.webhook import (
+    SESSION_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    WORKSPACE_HEADER,
+    SignedDelivery,
+    WebhookSignatureError,
+    verify_signature,
+)
 from tests.conftest import FAST, ManualClock
 
 SECRET = b"test-secret"
@@ -29,6 +41,7 @@ class Receiver:
 
     actions: list[str | int] = field(default_factory=list)
     received: list[dict[str, object]] = field(default_factory=list)
+    refused: list[WebhookSignatureError] = field(default_factory=list)  # answered 401
     port: int = 0
 
     @property
@@ -53,9 +66,17 @@ def receiver() -> Iterator[Receiver]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
+            try:
+                signed = verify_signature(SECRET, self.headers, body)
+            except WebhookSignatureError as exc:
+                rec.refused.append(exc)
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             action = rec.actions.pop(0) if rec.actions else "ok"
             # The receiver records (acts on) the prompt before it answers, like an agent would.
-            rec.received.append({"headers": dict(self.headers), "body": body})
+            rec.received.append({"headers": dict(self.headers), "body": body, "signed": signed})
             if action == "cut":
                 self.connection.shutdown(2)
                 return
@@ -111,10 +132,42 @@ async def test_delivers_signed_with_the_entry_id_as_idempotency_key(
     headers, body = req["headers"], req["body"]
     assert isinstance(headers, dict) and isinstance(body, bytes)
     assert headers["Idempotency-Key"] == entry.id
-    assert headers[SIGNATURE_HEADER] == sign(SECRET, headers[TIMESTAMP_HEADER], body)
-    assert headers[SIGNATURE_HEADER] != sign(b"wrong", headers[TIMESTAMP_HEADER], body)
+    assert headers[SIGNATURE_HEADER].startswith("v2=")
+    assert req["signed"] == SignedDelivery(WS, SES, entry.id, int(headers[TIMESTAMP_HEADER]))
+    with pytest.raises(WebhookSignatureError):
+        verify_signature(b"wrong", headers, body)
     sent = json.loads(body)
     assert (sent["id"], sent["text"], sent["model"]) == (entry.id, "héllo", {"m": []})
+    await hook.aclose()
+
+
+async def test_a_captured_delivery_replayed_elsewhere_is_refused_by_the_receiver(
+    manual_outbox: Outbox, agent: Receiver
+) -> None:
+    """Finding 6: the old signature covered the timestamp and body only, so a captured
+    delivery verified with the workspace or session header changed (the body names neither)."""
+    hook = wired(manual_outbox, agent)
+    entry = await manual_outbox.accept(WS, SES, "u", "c1", "run the tests")
+    assert await manual_outbox.deliver_once(WS, SES, hook)
+    [req] = agent.received
+    sent, body = req["headers"], req["body"]
+    assert isinstance(sent, dict) and isinstance(body, bytes)
+    # What an eavesdropper replays: the request as it went, less what httpx sets itself.
+    captured = {k: v for k, v in sent.items() if k.lower() not in ("content-length", "host")}
+    replays = [
+        (captured | {WORKSPACE_HEADER: "other-tenant"}, body),
+        (captured | {SESSION_HEADER: "s2"}, body),
+        (captured | {"Idempotency-Key": entry.id + "x"}, body),
+        (captured | {TIMESTAMP_HEADER: str(int(time.time()) + 1)}, body),
+        (captured, body.replace(b"run the tests", b"rm -rf the tests")),
+    ]
+    async with httpx.AsyncClient() as http:
+        for headers, content in replays:
+            answer = await http.post(agent.url, headers=headers, content=content)
+            assert answer.status_code == 401
+        assert (await http.post(agent.url, headers=captured, content=body)).status_code == 200
+    assert [e.code for e in agent.refused] == ["bad_signature"] * len(replays)
+    assert len(agent.received) == 2  # only the untouched replay (it dedupes by the entry ID)
     await hook.aclose()
 
 
@@ -188,3 +241,33 @@ async def test_connection_refused_is_transient(manual_outbox: Outbox) -> None:
 def test_a_secret_is_required() -> None:
     with pytest.raises(ValueError):
         WebhookDeliverer("http://127.0.0.1:1/hook", secret=b"")
+
+
+async def test_the_demo_agent_checks_signatures(manual_outbox: Outbox) -> None:
+    """FlakyAgent with the secret (as the demo runs it) takes a signed delivery and answers
+    401 to a forged one, recording nothing."""
+    agent = FlakyAgent(faults={"ok": 1.0}, secret=SECRET)
+    hook = WebhookDeliverer(agent.url, secret=SECRET)
+    try:
+        entry = await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+        assert await manual_outbox.deliver_once(WS, SES, hook)
+        assert agent.recorded(entry.id) and await manual_outbox.list(WS, SES) == []
+        async with httpx.AsyncClient() as http:
+            unsigned = await http.post(agent.url, content=b'{"id":"e9"}')
+            forged = await http.post(
+                agent.url,
+                content=b'{"id":"e9"}',
+                headers={
+                    "Idempotency-Key": "e9",
+                    TIMESTAMP_HEADER: str(int(time.time())),
+                    SIGNATURE_HEADER: "v2=" + "0" * 64,
+                    WORKSPACE_HEADER: WS,
+                    SESSION_HEADER: SES,
+                },
+            )
+        assert (unsigned.status_code, forged.status_code) == (401, 401)
+        assert agent.refused == {"missing_header": 1, "bad_signature": 1}
+        assert not agent.recorded("e9") and agent.delivered() == 1
+    finally:
+        await hook.aclose()
+        agent.close()

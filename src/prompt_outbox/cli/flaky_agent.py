@@ -5,7 +5,9 @@ and answers 200; cuts the connection BEFORE recording; records and THEN cuts; re
 stalls past the client's timeout; answers 503 without recording; answers 429; or, if asked
 for, refuses with 400 (a definitive failure). Its verify
 endpoint tells the truth (``delivered`` once recorded, else ``absent``), so the outbox can
-settle every ambiguous send without a blind re-send.
+settle every ambiguous send without a blind re-send. Given the webhook's ``secret``, it first
+checks each POST's signature as a receiver should (``verify_signature``) and answers 401 to
+one that fails, before any draw.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from ..webhook import WebhookSignatureError, verify_signature
 
 FAULTS: dict[str, float] = {
     "ok": 0.60,
@@ -34,8 +38,15 @@ also understood; it is left out here so that the demo delivers every prompt."""
 class FlakyAgent:
     """Start with ``FlakyAgent(seed)``; ``url`` / ``verify_url`` for the webhook deliverer."""
 
-    def __init__(self, seed: int = 0, stall: float = 2.0, faults: dict[str, float] | None = None):
+    def __init__(
+        self,
+        seed: int = 0,
+        stall: float = 2.0,
+        faults: dict[str, float] | None = None,
+        secret: bytes | None = None,
+    ):
         self.stall = stall
+        self.refused: Counter[str] = Counter()  # WebhookSignatureError code -> POSTs refused
         self.faults: Counter[str] = Counter()
         self.seen: Counter[str] = Counter()  # entry ID -> times recorded
         self.order: dict[str, list[str]] = {}  # session -> entry IDs in first-sighting order
@@ -50,6 +61,13 @@ class FlakyAgent:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if secret is not None:
+                    try:
+                        verify_signature(secret, self.headers, body)
+                    except WebhookSignatureError as exc:
+                        agent.refuse(exc.code)
+                        self._answer(401, str(exc).encode())
+                        return
                 fate = agent.draw()
                 if fate == "cut_before_recording":
                     self.connection.shutdown(2)
@@ -93,6 +111,11 @@ class FlakyAgent:
             if fate != "ok":
                 self.faults[fate] += 1
             return fate
+
+    def refuse(self, code: str) -> None:
+        """A POST whose signature did not verify (not drawn for, not recorded)."""
+        with self._lock:
+            self.refused[code] += 1
 
     def record(self, session: str, entry_id: str) -> None:
         """The agent ran this prompt."""

@@ -1,5 +1,7 @@
 """Deliverers (and their verifiers) for real agents."""
 
+# The signature scheme lives in the core (the receiver's check shares it): named here too.
+from ..core.signature import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from .opencode import (
     OpencodeDeliverer,
     OpencodeTarget,
@@ -8,7 +10,7 @@ from .opencode import (
     static_targets,
     template_targets,
 )
-from .webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookDeliverer, sign
+from .webhook import WebhookDeliverer
 
 __all__ = [
     "SIGNATURE_HEADER",

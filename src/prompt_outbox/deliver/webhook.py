@@ -1,5 +1,9 @@
 """Deliver entries to an HTTP endpoint: POST the entry JSON, signed, idempotent by entry ID.
 
+The signature (``core.signature``, scheme v2) covers the timestamp, the workspace, the
+session, the entry ID and the body; receivers check it with
+``prompt_outbox.webhook.verify_signature``.
+
 Outcome classes (the seed's): 2xx delivered; connection refused or a connect timeout means no
 attempt was driven (transient); 429 is transient (the receiver did not take it); any other
 4xx is definitive (it will not take it); 5xx, a read timeout or a connection cut mid-request
@@ -11,8 +15,6 @@ The optional verify URL answers ``GET {verify_url}?id=<entry id>`` with ``delive
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 
 import httpx
@@ -20,15 +22,14 @@ import httpx
 from ..core.callbacks import Verdict
 from ..core.entry import Entry
 from ..core.errors import ambiguous, transient
-
-SIGNATURE_HEADER = "X-Prompt-Outbox-Signature"
-TIMESTAMP_HEADER = "X-Prompt-Outbox-Timestamp"
-
-
-def sign(secret: bytes, timestamp: str, body: bytes) -> str:
-    """``sha256=<hex HMAC of "timestamp.body">``: receivers recompute it to authenticate."""
-    mac = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256)
-    return "sha256=" + mac.hexdigest()
+from ..core.signature import (
+    ENTRY_ID_HEADER,
+    SESSION_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    WORKSPACE_HEADER,
+    sign,
+)
 
 
 class WebhookDeliverer:
@@ -56,14 +57,23 @@ class WebhookDeliverer:
 
     async def __call__(self, ws: str, ses: str, entry: Entry) -> None:
         body = entry.to_json().encode()
-        timestamp = str(int(time.time()))
+        # Signed per send: a retry or a re-send after verification carries a fresh timestamp.
+        timestamp = int(time.time())
+        signature = sign(
+            self._secret,
+            timestamp=timestamp,
+            workspace=ws,
+            session=ses,
+            entry_id=entry.id,
+            body=body,
+        )
         headers = {
             "Content-Type": "application/json",
-            "Idempotency-Key": entry.id,
-            TIMESTAMP_HEADER: timestamp,
-            SIGNATURE_HEADER: sign(self._secret, timestamp, body),
-            "X-Prompt-Outbox-Workspace": ws,
-            "X-Prompt-Outbox-Session": ses,
+            ENTRY_ID_HEADER: entry.id,
+            TIMESTAMP_HEADER: str(timestamp),
+            SIGNATURE_HEADER: signature,
+            WORKSPACE_HEADER: ws,
+            SESSION_HEADER: ses,
         }
         try:
             response = await self._client.post(self.url, content=body, headers=headers)
