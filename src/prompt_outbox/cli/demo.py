@@ -39,6 +39,9 @@ DEMO_TUNABLES = Tunables(
     lease_ttl=5.0,
 )
 WEBHOOK_TIMEOUT = 1.0  # the agent's stalls (2 s) outlast it: ambiguous, then verified
+# The agent checks every delivery's signature, as a real receiver should: a delivery it
+# refused (401, definitive) would end in error and show in the table as lost.
+WEBHOOK_SECRET = b"demo"
 
 
 @dataclass
@@ -84,12 +87,12 @@ async def _send_all(
 
 async def _demo(prompts: int, sessions: int, seed: int, data_dir: Path, wait_s: float) -> int:
     rng = random.Random(seed)
-    agent = FlakyAgent(seed, stall=2 * WEBHOOK_TIMEOUT)
+    agent = FlakyAgent(seed, stall=2 * WEBHOOK_TIMEOUT, secret=WEBHOOK_SECRET)
     valkey = EmbeddedValkey(data_dir)
     valkey.start()
     client = connect(valkey.url, socket_timeout=10)
     hook = WebhookDeliverer(
-        agent.url, secret=b"demo", verify_url=agent.verify_url, timeout=WEBHOOK_TIMEOUT
+        agent.url, secret=WEBHOOK_SECRET, verify_url=agent.verify_url, timeout=WEBHOOK_TIMEOUT
     )
     outbox = Outbox(client, DEMO_TUNABLES)
     outbox.set_verifier(hook.verify)
