@@ -160,6 +160,7 @@ def test_a_malformed_header_is_refused(header: str, value: str) -> None:
         "",
         "v2",
         "=" * 10,
+        "v2=" + "0" * 64 + "\x00",
     ],
 )
 def test_a_bad_signature_value_is_refused_cleanly(signature: str) -> None:
@@ -195,6 +196,10 @@ def test_a_signed_header_sent_twice_is_refused() -> None:
     refused("malformed_header", message)
     pairs = [*headers().items(), ("x-prompt-outbox-session", "chat-1")]
     refused("malformed_header", _Pairs(pairs))
+    # httpx's Headers (and fetch's, and node's) join the copies with ", " instead.
+    good = headers()[SIGNATURE_HEADER]
+    refused("malformed_header", headers() | {SIGNATURE_HEADER: f"v2={'0' * 64}, {good}"})
+    refused("malformed_header", headers() | {WORKSPACE_HEADER: "other-tenant, acme"})
 
 
 class _Pairs:

@@ -121,9 +121,14 @@ def verify_signature(
         want = _mac(key, signed_bytes(stamp, ws, ses, entry_id, body))
     except InvalidId as exc:
         raise WebhookSignatureError("malformed_header", str(exc)) from exc
+    signatures = values[SIGNATURE_HEADER]
+    if "," in signatures:  # no scheme writes one: the header sent twice, joined by a framework
+        raise WebhookSignatureError(
+            "malformed_header", f"{SIGNATURE_HEADER} is sent more than once"
+        )
     # Space-separated <scheme>=<hex> items, so that a later sender can add a scheme or sign with
     # two secrets while one is rotated: a scheme this check does not know is skipped.
-    items = (item.partition("=") for item in values[SIGNATURE_HEADER].split())
+    items = (item.partition("=") for item in signatures.split())
     offered = [value for scheme, _, value in items if scheme == SCHEME]
     if not offered:
         raise WebhookSignatureError(
