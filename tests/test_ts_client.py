@@ -8,11 +8,24 @@ does. The first run installs the client's dev dependencies (``npm ci``, devtools
 from __future__ import annotations
 
 import difflib
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 from devtools import client_types, npm, ts_client
+
+from prompt_outbox.webhook import (
+    ENTRY_ID_HEADER,
+    SESSION_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    WORKSPACE_HEADER,
+    SignedDelivery,
+    WebhookSignatureError,
+    verify_signature,
+)
 
 STALE = "is stale: run `make client-types` and commit both files"
 
@@ -68,3 +81,34 @@ def test_the_node_tests_pass_against_a_real_serve(built: Path) -> None:
     tail = run.output[-15000:]
     assert run.returncode == 0, f"node --test failed:\n{tail}"
     assert run.count("fail") == 0 and run.count("pass") >= 20, f"too few tests ran:\n{tail}"
+
+
+def test_a_signature_made_by_the_ts_helper_verifies_with_the_python_one(built: Path) -> None:
+    """The other half of clients/typescript/test/webhook.test.mjs (where the Python deliverer's
+    real deliveries verify with ``verifyWebhook``): ``signWebhook`` signs, Python verifies."""
+    body = '{"id":"e-ts","text":"h\u00e9llo from node"}'
+    fields = {"timestamp": 1_700_000_000, "workspace": "acme", "session": "s-1", "entryId": "e-ts"}
+    script = (
+        "import { signWebhook } from './dist/index.js';"
+        f"const fields = {json.dumps(fields)};"
+        f"fields.body = {json.dumps(body)};"
+        "console.log(await signWebhook('ts-secret', fields));"
+    )
+    done = subprocess.run(
+        [str(built), "--input-type=module", "-e", script],
+        cwd=client_types.CLIENT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    signature = done.stdout.strip()
+    headers = {
+        SIGNATURE_HEADER: signature,
+        TIMESTAMP_HEADER: "1700000000",
+        WORKSPACE_HEADER: "acme",
+        SESSION_HEADER: "s-1",
+        ENTRY_ID_HEADER: "e-ts",
+    }
+    got = verify_signature(b"ts-secret", headers, body.encode(), now=1_700_000_000)
+    assert got == SignedDelivery("acme", "s-1", "e-ts", 1_700_000_000)
+    for changed in ({WORKSPACE_HEADER: "other"}, {SESSION_HEADER: "s-2"}):
+        with pytest.raises(WebhookSignatureError):
+            verify_signature(b"ts-secret", headers | changed, body.encode(), now=1_700_000_000)

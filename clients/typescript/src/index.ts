@@ -29,3 +29,19 @@ export { parseEvent } from "./watch.js";
 export type { TicketProvider, WatchHandle, WatchHandlers, WatchOptions } from "./watch.js";
 export type * from "./types.js";
 export type { components, paths, operations } from "./schema.js";
+export {
+  DEFAULT_WEBHOOK_TOLERANCE,
+  WEBHOOK_HEADERS,
+  WEBHOOK_SCHEME,
+  WebhookSignatureError,
+  signWebhook,
+  verifyWebhook,
+} from "./webhook.js";
+export type {
+  SignedDelivery,
+  VerifyWebhookOptions,
+  WebhookBody,
+  WebhookFailure,
+  WebhookFields,
+  WebhookHeaders,
+} from "./webhook.js";

@@ -3,13 +3,13 @@
 // agent that records every delivered prompt, and a proxy in front of serve that can answer
 // 503 / 429 itself, drop a connection after forwarding, or cut event streams.
 import { spawn } from "node:child_process";
-import { createHmac, timingSafeEqual } from "node:crypto";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { WebhookSignatureError, verifyWebhook } from "../dist/index.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const SECRET = "ts-client-test-secret";
@@ -178,13 +178,16 @@ function readBody(req) {
 }
 
 /**
- * The agent: a webhook receiver that checks each delivery's signature and records it before
- * it answers. `behave(entry)` says what to do: "ok" (200, the default), a status code, or
- * "hang" (answer 200 only once `release()` is called).
+ * The agent: a webhook receiver that checks each delivery's signature with `verifyWebhook`
+ * (the client's helper, as a user's receiver would) and records it before it answers; one
+ * that fails is answered 401 and kept in `refused`. `behave(entry)` says what to do: "ok"
+ * (200, the default), a status code, or "hang" (answer 200 only once `release()` is called).
  */
 export class Agent {
   constructor() {
-    this.received = []; // {key, ws, ses, entry, signed}
+    this.received = []; // {key, ws, ses, entry, signed (what verifyWebhook vouched for), headers, body}
+    /** @type {WebhookSignatureError[]} */
+    this.refused = [];
     /** @type {(entry: any) => "ok" | "hang" | number} */
     this.behave = () => "ok";
     /** @type {Array<(value?: unknown) => void>} */
@@ -198,10 +201,15 @@ export class Agent {
         return;
       }
       const body = await readBody(req);
-      const stamp = req.headers["x-prompt-outbox-timestamp"];
-      const want = `sha256=${createHmac("sha256", SECRET).update(`${stamp}.`).update(body).digest("hex")}`;
-      const got = String(req.headers["x-prompt-outbox-signature"] ?? "");
-      const signed = got.length === want.length && timingSafeEqual(Buffer.from(got), Buffer.from(want));
+      let signed;
+      try {
+        signed = await verifyWebhook(SECRET, req.headers, body);
+      } catch (err) {
+        if (!(err instanceof WebhookSignatureError)) throw err;
+        this.refused.push(err);
+        res.writeHead(401, { "Content-Type": "application/json" }).end(JSON.stringify({ error: err.code }));
+        return;
+      }
       const entry = JSON.parse(body.toString("utf8"));
       this.received.push({
         key: req.headers["idempotency-key"],
@@ -209,6 +217,8 @@ export class Agent {
         ses: req.headers["x-prompt-outbox-session"],
         entry,
         signed,
+        headers: req.headers,
+        body,
       });
       const action = this.behave(entry);
       if (action === "hang") await new Promise((resolve) => this.releases.push(resolve));

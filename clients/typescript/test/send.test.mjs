@@ -42,7 +42,9 @@ test("send: 202, delivered once, with the key as header and clientMessageID; the
   await sleep(300); // a second delivery would come now
   assert.equal(env.agent.count(result.id), 1);
   const [got] = env.agent.received.filter((r) => r.entry.id === result.id);
-  assert.equal(got.signed, true);
+  assert.equal(got.signed.workspace, WS, "verifyWebhook vouched for the delivery");
+  assert.equal(got.signed.session, "s-send");
+  assert.equal(got.signed.entryId, result.id);
   assert.equal(got.entry.text, "Hello, agent!");
   assert.deepEqual(got.entry.model, { providerID: "p", modelID: "m" });
 });
