@@ -24,7 +24,14 @@ from .core.callbacks import (
     Wiring,
 )
 from .core.entry import Entry, Status, decode_entry
-from .core.errors import Duplicate, IdempotencyKeyReused, NotDurable, OutboxFull, SessionBusy
+from .core.errors import (
+    Duplicate,
+    IdempotencyKeyReused,
+    NotDurable,
+    OutboxFull,
+    SessionBusy,
+    WorkspaceFull,
+)
 from .core.events import QueueEvent, QueueReset, missed_events, parse_event_id
 from .core.keys import check_client_message_id, session_keys
 from .core.metrics import Metrics
@@ -165,7 +172,8 @@ class Outbox:
         Raises ``Duplicate`` (with the first accept's ID) when the clientMessageID was accepted
         within ``dedupe_ttl`` with the same text and model, ``IdempotencyKeyReused`` (with it
         too, nothing written) when it was accepted with another text or model, ``OutboxFull``
-        at ``cap``, ``ValueError`` (an ``InvalidInput``) for bad input. The dedupe marker is
+        at ``cap`` (``WorkspaceFull``, an ``OutboxFull`` too, at ``workspace_cap``),
+        ``ValueError`` (an ``InvalidInput``) for bad input. The dedupe marker is
         written only after the push, in the same script: never half-written.
 
         Returns (or raises ``Duplicate``) once the entry is as durable as
@@ -198,6 +206,7 @@ class Outbox:
             entry.to_json(),
             entry.id,
             t.cap,
+            t.workspace_cap,
             round(t.dedupe_ttl * 1000),
             to_ms(now),
             self._wait,
@@ -206,6 +215,9 @@ class Outbox:
         if reply.outcome is Accept.FULL:
             self.metrics.refused_full.inc()
             raise OutboxFull(t.cap)
+        if reply.outcome is Accept.WORKSPACE_FULL:
+            self.metrics.refused_workspace_full.inc()
+            raise WorkspaceFull(t.workspace_cap)
         if reply.outcome is Accept.REJECTED:
             self.metrics.refused_busy.inc()
             raise SessionBusy()

@@ -330,18 +330,24 @@ class OutboxVersusModel(RuleBasedStateMachine):
         # queue up to its head, not the whole queue): the sessions and errors indexes must
         # still be exactly what repair.lua, which reads everything, derives from the same
         # lists. (The ready score is left out: after a lease the test lapsed by deleting the
-        # lock, it still says when the lease would have ended, as it should.)
+        # lock, it still says when the lease would have ended, as it should.) The workspace
+        # quota's count, kept by every script, must be the session's entries, as repair says.
         k = session_keys(WS, SES)
         keys = k.script_keys()
-        sessions, errors = keys[4], keys[5]
+        sessions, errors, count = keys[4], keys[5], keys[7]
 
-        async def indexes() -> tuple[bool, bool]:
+        async def indexes() -> tuple[bool, bool, int]:
             return (
                 bool(await self.client.sismember(sessions, SES)),
                 bool(await self.client.sismember(errors, SES)),
+                int(await self.client.hget(count, SES) or 0),
             )
 
+        async def entries() -> int:
+            return int(await self.client.llen(k.queue)) + int(await self.client.llen(k.staging))
+
         incremental = self.run(indexes())
+        assert incremental[2] == self.run(entries())
         self.run(self.store.repair(k, round(self.clock.now.timestamp() * 1000)))
         assert incremental == self.run(indexes())
 

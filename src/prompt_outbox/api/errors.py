@@ -24,6 +24,7 @@ from ..core.errors import (
     OutboxFull,
     SessionBusy,
     TextTooLarge,
+    WorkspaceFull,
 )
 from ..core.keys import ID_PATTERN, check_id
 from ..storage.store import UNAVAILABLE
@@ -98,8 +99,17 @@ async def _invalid_input(_: Request, exc: InvalidInput) -> Response:
     return error_response(_INPUT_STATUS.get(exc.code, 400), exc.code, str(exc))
 
 
+# Seconds a client waits before sending into a full outbox again: room comes back as the
+# agent takes prompts (a turn lasts seconds to minutes), so sooner would find it full still.
+FULL_RETRY_AFTER = {"Retry-After": "10"}
+
+
 async def _outbox_full(_: Request, exc: OutboxFull) -> Response:
-    return error_response(429, "outbox_full", str(exc))
+    return error_response(429, "outbox_full", str(exc), headers=FULL_RETRY_AFTER)
+
+
+async def _workspace_full(_: Request, exc: WorkspaceFull) -> Response:
+    return error_response(429, "workspace_full", str(exc), headers=FULL_RETRY_AFTER)
 
 
 async def _not_durable(_: Request, exc: NotDurable) -> Response:
@@ -162,6 +172,7 @@ EXCEPTION_HANDLERS: dict[
     ApiError: _api_error,
     InvalidInput: _invalid_input,  # and its kinds, by their code
     OutboxFull: _outbox_full,
+    WorkspaceFull: _workspace_full,  # an OutboxFull with its own code
     NotDurable: _not_durable,
     IdempotencyKeyReused: _key_reused,
     SessionBusy: _session_busy,

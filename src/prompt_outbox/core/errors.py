@@ -68,6 +68,17 @@ class OutboxFull(Exception):
         self.cap = cap
 
 
+class WorkspaceFull(OutboxFull):
+    """The workspace holds ``workspace_cap`` entries already, over all its sessions (queued
+    and staged): nothing was written. Deliveries, dismissals and cleanup make room. An
+    ``OutboxFull`` too, so a caller that waits for room on a full session does the same here;
+    ``cap`` is the workspace's."""
+
+    def __init__(self, cap: int) -> None:
+        Exception.__init__(self, f"workspace outbox is full ({cap} entries over its sessions)")
+        self.cap = cap
+
+
 class NotDurable(Exception):
     """The entry IS written, but the wait for ``accept_durability`` did not confirm it within
     ``durability_timeout`` (a replica down or slow, a failover, AOF turned off since start).

@@ -36,11 +36,16 @@ WORKSPACE_KEY_PREFIXES: tuple[str, ...] = (
     "outboxerrors:",
     "outboxnotify:",
     "outboxnotifydue:",
+    "outboxcount:",
 )
 """The prefix of every key that belongs to one workspace: each is ``<prefix>{<ws>}``, alone
 or followed by ``:`` and the rest. Cleanup deletes exactly the keys under these
 (``WorkspaceKeys.owns``); a test drives every script and checks each key written is under one.
 The due index's bucket keys (``BucketKeys``) are shared by many workspaces and not listed."""
+
+COUNT_TOTAL = ":total"
+"""The field of ``WorkspaceKeys.count`` that holds the workspace's entries in all (a colon:
+no session ID can take the name). ``storage/scripts.py`` hands it to the Lua prelude."""
 
 BUCKETS = 8
 """How many buckets the due index and the registry are split into. Part of the layout: every
@@ -139,6 +144,13 @@ class WorkspaceKeys:
         return f"outboxnotifydue:{{{self.ws}}}"
 
     @property
+    def count(self) -> str:
+        """HASH session -> its entries (queue plus staging), and ``COUNT_TOTAL`` -> their sum:
+        what the workspace quota (``Tunables.workspace_cap``) counts, kept exact by every
+        session script (``lib.lua`` ``count``)."""
+        return f"outboxcount:{{{self.ws}}}"
+
+    @property
     def bucket(self) -> BucketKeys:
         return BucketKeys(bucket_of(self.ws))
 
@@ -197,7 +209,16 @@ class SessionKeys:
     def script_keys(self) -> list[str]:
         """The KEYS every session transition script takes, in this order."""
         w = self.workspace
-        return [self.queue, self.staging, self.lock, w.ready, w.sessions, w.errors, self.events]
+        return [
+            self.queue,
+            self.staging,
+            self.lock,
+            w.ready,
+            w.sessions,
+            w.errors,
+            self.events,
+            w.count,
+        ]
 
 
 def session_keys(ws: str, ses: str) -> SessionKeys:

@@ -35,6 +35,11 @@ class Metrics:
         self.refused_full = Counter(
             "prompt_outbox_refused_full", "Accepts refused: the session was full.", registry=r
         )
+        self.refused_workspace_full = Counter(
+            "prompt_outbox_refused_workspace_full",
+            "Accepts refused: the workspace held workspace_cap entries.",
+            registry=r,
+        )
         self.refused_busy = Counter(
             "prompt_outbox_refused_busy",
             "Accepts refused: whileBusy reject, and the session was busy.",

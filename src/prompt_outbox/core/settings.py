@@ -61,6 +61,8 @@ class Tunables:
 
     max_attempts: int = 5
     cap: int = 25
+    # Ours: entries one workspace may hold over all its sessions (400 full sessions).
+    workspace_cap: int = 10_000
     dedupe_ttl: float = 24 * _HOUR
     delivery_timeout: float = 10 * _MINUTE
     retry_backoff: float = 10.0

@@ -43,7 +43,8 @@ class Accept(enum.Enum):
     DUPLICATE = "duplicate"
     REUSED = "reused"
     REJECTED = "rejected"  # whileBusy reject, and the session is busy
-    FULL = "full"
+    FULL = "full"  # the session holds cap entries
+    WORKSPACE_FULL = "workspace_full"  # the workspace holds workspace_cap entries
 
 
 class Confirm(enum.Enum):
@@ -69,7 +70,7 @@ class Confirmation:
 class Accepted:
     """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE or a
     REUSED key; ``confirmation`` what the durability wait saw (None when none was asked, or
-    FULL / REUSED); ``in_flight`` the entry being delivered when an ``interrupt`` accept
+    a refusal); ``in_flight`` the entry being delivered when an ``interrupt`` accept
     landed ('' if none)."""
 
     outcome: Accept

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from importlib import resources
 
+from ..core.keys import COUNT_TOTAL
+
 NAMES = (
     "accept",
     "confirm",
@@ -37,10 +39,10 @@ def _read(name: str) -> str:
 
 
 def prelude(event_log_len: int, event_log_ttl_ms: int) -> str:
-    """``lib.lua`` with the event log's bounds defined above it (what every script starts with)."""
-    return f"local EVENTS_MAXLEN, EVENTS_TTL_MS = {event_log_len}, {event_log_ttl_ms}\n" + _read(
-        "lib"
-    )
+    """``lib.lua`` with the event log's bounds and the count's total field defined above it
+    (what every script starts with)."""
+    head = f"local EVENTS_MAXLEN, EVENTS_TTL_MS = {event_log_len}, {event_log_ttl_ms}\n"
+    return head + f"local COUNT_TOTAL = '{COUNT_TOTAL}'\n" + _read("lib")
 
 
 def sources(event_log_len: int, event_log_ttl_ms: int) -> dict[str, str]:

@@ -154,13 +154,15 @@ class Store:
         entry: str,
         entry_id: str,
         cap: int,
+        workspace_cap: int,
         ttl_ms: int,
         now_ms: int,
         wait: waitaof.WaitAof | None = None,
         while_busy: str = "enqueue",
     ) -> Accepted:
         """accept.lua: dedupe (key, then payload ``fingerprint``), ``while_busy`` (a reject
-        refuses a busy session; an interrupt names the entry in flight), cap, push, marker,
+        refuses a busy session; an interrupt names the entry in flight), the session's
+        ``cap``, the workspace's ``workspace_cap`` (its count's total: O(1)), push, marker,
         fingerprint; marked due and announced. With ``wait``, then WAITAOF for the accept (or
         a DUPLICATE's first accept, whose marker is written again for it): in the accept's
         own pipeline on a standalone server, as a pair of its own on a cluster."""
@@ -168,12 +170,13 @@ class Store:
         alone = isinstance(self.client, ValkeyCluster)
         tail = wait.commands() if wait is not None and not alone else []
         keys = [*k.script_keys(), marker, k.fingerprint(cmid)]
-        args = [k.ses, entry, entry_id, cap, ttl_ms, int(bool(tail)), fingerprint, while_busy]
+        waits = int(bool(tail))
+        args = [k.ses, entry, entry_id, cap, ttl_ms, waits, fingerprint, while_busy, workspace_cap]
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
         first = text(rest[0]) if outcome in (Accept.DUPLICATE, Accept.REUSED) else ""
         in_flight = text(rest[0]) if outcome is Accept.OK and rest else ""
-        if wait is None or outcome in (Accept.FULL, Accept.REUSED, Accept.REJECTED):
+        if wait is None or outcome not in (Accept.OK, Accept.DUPLICATE):
             return Accepted(outcome, first, None, in_flight)
         if answers:
             seen = waitaof.waited(first or entry_id, answers)

@@ -1,13 +1,14 @@
 --[[
-  Accept a prompt: dedupe first, then the cap, then push, and only THEN the dedupe marker (a
-  marker without its entry would turn every client retry into a false duplicate) and the
-  payload's fingerprint beside it (a marker without one, as written before fingerprints, makes
-  a duplicate whatever the payload).
+  Accept a prompt: dedupe first, then the caps (the session's, then the workspace's), then
+  push, and only THEN the dedupe marker (a marker without its entry would turn every client
+  retry into a false duplicate) and the payload's fingerprint beside it (a marker without one,
+  as written before fingerprints, makes a duplicate whatever the payload). The workspace's
+  count moves with the push (index_pushed).
 
   Input:
-    KEYS[1..7] session keys (queue, staging, lock, ready, sessions, errors, events)
-    KEYS[8]    dedupe marker outboxdedupe:{ws}:{ses}:<cmid>
-    KEYS[9]    payload fingerprint outboxdedupefp:{ws}:{ses}:<cmid>
+    KEYS[1..8] session keys (queue, staging, lock, ready, sessions, errors, events, count)
+    KEYS[9]    dedupe marker outboxdedupe:{ws}:{ses}:<cmid>
+    KEYS[10]   payload fingerprint outboxdedupefp:{ws}:{ses}:<cmid>
     ARGV[1]    session ID
     ARGV[2]    entry JSON (status pending)
     ARGV[3]    entry ID
@@ -21,6 +22,8 @@
                the session holds a pending, delivering or verifying entry; 'interrupt':
                enqueue, and name the entry being delivered (staged), whose turn the caller
                asks the deliverer to abort
+    ARGV[9]    workspace cap: entries allowed over all the workspace's sessions (the total
+               of KEYS[8], which every session script keeps exact)
 
   Output:
     {'ok'[, staged id]}    pushed, marker set; for 'interrupt', the ID of the entry being
@@ -34,17 +37,18 @@
     {'rejected'}           ARGV[8] and the session is busy (staging, or a blocking entry in the
                            queue); nothing written
     {'full', n}            the session holds n >= cap entries; nothing written
+    {'workspace_full', n}  the workspace holds n >= ARGV[9] entries; nothing written
     Every answer but 'ok' also returns true second: no work became due sooner.
 
   Events: accepted.
 ]]
 local ses, entry, id = ARGV[1], ARGV[2], ARGV[3]
 local cap, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
-local prev = redis.call('GET', KEYS[8])
+local prev = redis.call('GET', KEYS[9])
 if prev then
-  local first = redis.call('GET', KEYS[9])
+  local first = redis.call('GET', KEYS[10])
   if first and first ~= ARGV[7] then return {'reused', prev}, true end
-  if ARGV[6] == '1' then redis.call('SET', KEYS[8], prev, 'KEEPTTL') end
+  if ARGV[6] == '1' then redis.call('SET', KEYS[9], prev, 'KEEPTTL') end
   return {'duplicate', prev}, true
 end
 -- After the dedupe: a retry of an accept that was taken is its duplicate, busy or not.
@@ -53,10 +57,13 @@ if ARGV[8] == 'reject' and (redis.call('LLEN', KEYS[D]) > 0 or find_head(KEYS[Q]
 end
 local n = redis.call('LLEN', KEYS[Q]) + redis.call('LLEN', KEYS[D])
 if n >= cap then return {'full', n}, true end
+-- O(1): the count's total field, kept by index() in every session script (lib.lua).
+local total = tonumber(redis.call('HGET', KEYS[COUNT], COUNT_TOTAL) or '0')
+if total >= tonumber(ARGV[9]) then return {'workspace_full', total}, true end
 redis.call('RPUSH', KEYS[Q], entry)
 emit(KEYS, 'accepted', id, entry)
-redis.call('SET', KEYS[8], id, 'PX', ttl)
-redis.call('SET', KEYS[9], ARGV[7], 'PX', ttl)
+redis.call('SET', KEYS[9], id, 'PX', ttl)
+redis.call('SET', KEYS[10], ARGV[7], 'PX', ttl)
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.
 local readied = index_pushed(KEYS, ses, n, 0)
 if ARGV[8] == 'interrupt' then

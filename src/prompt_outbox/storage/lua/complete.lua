@@ -12,10 +12,10 @@
   fires the hook after grace ms (notified.lua clears the record once the hook ran).
 
   Input:
-    KEYS[1..7] session keys
-    KEYS[8]    claim marker outboxclaim:{ws}:{ses}:<id>
-    KEYS[9]    owed OnDelivered calls (HASH)
-    KEYS[10]   their due times (ZSET)
+    KEYS[1..8] session keys
+    KEYS[9]    claim marker outboxclaim:{ws}:{ses}:<id>
+    KEYS[10]   owed OnDelivered calls (HASH)
+    KEYS[11]   their due times (ZSET)
     ARGV[1]    session ID
     ARGV[2]    entry ID
     ARGV[3]    lock value
@@ -39,7 +39,7 @@
 ]]
 local ses, id, lockval, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local entry, grace, lease = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local mine = redis.call('GET', KEYS[8]) == lockval
+local mine = redis.call('GET', KEYS[9]) == lockval
 local refused = fence(KEYS, lockval)
 if refused then
   -- Our earlier call may have claimed it (its reply lost, our lease lapsed since): still ours.
@@ -54,10 +54,10 @@ local from_q, error_q = remove_id(KEYS[Q], id, true)
 if from_d + from_q == 0 then from_q, error_q = remove_id(KEYS[Q], id, false) end
 local removed = from_d + from_q
 if removed > 0 then
-  redis.call('SET', KEYS[8], lockval, 'PX', ARGV[5])
+  redis.call('SET', KEYS[9], lockval, 'PX', ARGV[5])
   if grace > 0 then
-    redis.call('HSET', KEYS[9], ses .. ':' .. id, entry)
-    redis.call('ZADD', KEYS[10], now + grace, ses .. ':' .. id)
+    redis.call('HSET', KEYS[10], ses .. ':' .. id, entry)
+    redis.call('ZADD', KEYS[11], now + grace, ses .. ':' .. id)
   end
   emit(KEYS, 'sent', id, '')
 end
@@ -68,6 +68,9 @@ elseif lease == 0 or not claimed then
   -- (With a next step, next_step() keeps the indexes: 'staged' / 'head' leave the session
   -- holding entries and move the ready score to the new lease; 'wait' / 'idle' refresh.)
   refresh_head(KEYS, ses, now)
+elseif removed > 0 then
+  -- ...but not the count: 'staged' / 'head' derive nothing.
+  recount(KEYS, ses)
 end
 if not claimed then return {'gone'} end
 if lease > 0 then

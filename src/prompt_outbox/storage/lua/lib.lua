@@ -1,9 +1,9 @@
 --[[
-  Shared prelude, prepended to every script by storage/scripts.py (after the two constants
-  EVENTS_MAXLEN and EVENTS_TTL_MS it defines). Not a transition itself.
+  Shared prelude, prepended to every script by storage/scripts.py (after the constants
+  EVENTS_MAXLEN, EVENTS_TTL_MS and COUNT_TOTAL it defines). Not a transition itself.
 
-  Session scripts take the same first seven KEYS (core/keys.py SessionKeys.script_keys), named
-  by the constants below: queue, staging, lock, ready, sessions, errors, events.
+  Session scripts take the same first eight KEYS (core/keys.py SessionKeys.script_keys), named
+  by the constants below: queue, staging, lock, ready, sessions, errors, events, count.
 
   Reply convention, for every script: a table whose first element is a status word, then its
   payload. The words: ok, busy (ANOTHER holder owns the session), lost (this caller's lock is
@@ -16,7 +16,7 @@
   decode them only to read id, status, acceptedAt and nextAttemptAt.
 ]]
 
-local Q, D, L, READY, SESSIONS, ERRORS, EVENTS = 1, 2, 3, 4, 5, 6, 7
+local Q, D, L, READY, SESSIONS, ERRORS, EVENTS, COUNT = 1, 2, 3, 4, 5, 6, 7, 8
 
 -- RFC 3339 -> epoch milliseconds; '' or missing means "due now" (0). Days-from-civil arithmetic.
 local function parse_ms(s)
@@ -190,15 +190,41 @@ local function take_lock(K, ses, lockval, lease, now)
   redis.call('ZADD', K[READY], now + lease, ses)
 end
 
--- The sessions and ready indexes for one session, given its delivery head's due time (nil
--- when nothing blocks).
+-- The workspace quota's count (K[COUNT], a HASH): the session now holds n entries (queue
+-- plus staging). The total moves by the difference from what the HASH held for the session,
+-- so total = the sum of the session fields always, and a session whose field was off (data
+-- from before the count, a stage that failed between its two writes) is exact again after
+-- its next script. A session without entries keeps no field, a workspace without any no key.
+local function count(K, ses, n)
+  local before = tonumber(redis.call('HGET', K[COUNT], ses) or '0')
+  if n == before then return end
+  if n > 0 then
+    redis.call('HSET', K[COUNT], ses, n)
+  else
+    redis.call('HDEL', K[COUNT], ses)
+  end
+  if redis.call('HINCRBY', K[COUNT], COUNT_TOTAL, n - before) <= 0 then
+    redis.call('DEL', K[COUNT])
+  end
+end
+
+-- count() from the lists' lengths, for a script that removed entries and keeps the other
+-- indexes by other means (complete.lua, when its next step re-leases the session).
+local function recount(K, ses)
+  count(K, ses, redis.call('LLEN', K[Q]) + redis.call('LLEN', K[D]))
+end
+
+-- The sessions and ready indexes, and the count, for one session, given its delivery head's
+-- due time (nil when nothing blocks).
 local function index(K, ses, now, due)
   local staged = redis.call('LLEN', K[D])
-  if redis.call('LLEN', K[Q]) + staged == 0 then
+  local n = redis.call('LLEN', K[Q]) + staged
+  if n == 0 then
     redis.call('SREM', K[SESSIONS], ses)
   else
     redis.call('SADD', K[SESSIONS], ses)
   end
+  count(K, ses, n)
   local pttl = redis.call('PTTL', K[L])
   if pttl ~= -2 then
     -- Whoever holds the lock owns the session until it lapses.
@@ -253,6 +279,7 @@ end
 -- new entry is its delivery head. Returns true when that made the session ready.
 local function index_pushed(K, ses, n, due)
   if n == 0 then redis.call('SADD', K[SESSIONS], ses) end
+  count(K, ses, n + 1)
   return redis.call('ZADD', K[READY], 'NX', due, ses) == 1
 end
 
