@@ -16,16 +16,7 @@ from pathlib import Path
 import pytest
 from devtools import client_types, npm, ts_client
 
-from prompt_outbox.webhook import (
-    ENTRY_ID_HEADER,
-    SESSION_HEADER,
-    SIGNATURE_HEADER,
-    TIMESTAMP_HEADER,
-    WORKSPACE_HEADER,
-    SignedDelivery,
-    WebhookSignatureError,
-    verify_signature,
-)
+from prompt_outbox import webhook
 
 STALE = "is stale: run `make client-types` and commit both files"
 
@@ -101,14 +92,16 @@ def test_a_signature_made_by_the_ts_helper_verifies_with_the_python_one(built: P
     assert done.returncode == 0, done.stderr
     signature = done.stdout.strip()
     headers = {
-        SIGNATURE_HEADER: signature,
-        TIMESTAMP_HEADER: "1700000000",
-        WORKSPACE_HEADER: "acme",
-        SESSION_HEADER: "s-1",
-        ENTRY_ID_HEADER: "e-ts",
+        webhook.SIGNATURE_HEADER: signature,
+        webhook.TIMESTAMP_HEADER: "1700000000",
+        webhook.WORKSPACE_HEADER: "acme",
+        webhook.SESSION_HEADER: "s-1",
+        webhook.ENTRY_ID_HEADER: "e-ts",
     }
-    got = verify_signature(b"ts-secret", headers, body.encode(), now=1_700_000_000)
-    assert got == SignedDelivery("acme", "s-1", "e-ts", 1_700_000_000)
-    for changed in ({WORKSPACE_HEADER: "other"}, {SESSION_HEADER: "s-2"}):
-        with pytest.raises(WebhookSignatureError):
-            verify_signature(b"ts-secret", headers | changed, body.encode(), now=1_700_000_000)
+    got = webhook.verify_signature(b"ts-secret", headers, body.encode(), now=1_700_000_000)
+    assert got == webhook.SignedDelivery("acme", "s-1", "e-ts", 1_700_000_000)
+    for changed in ({webhook.WORKSPACE_HEADER: "other"}, {webhook.SESSION_HEADER: "s-2"}):
+        with pytest.raises(webhook.WebhookSignatureError):
+            webhook.verify_signature(
+                b"ts-secret", headers | changed, body.encode(), now=1_700_000_000
+            )
