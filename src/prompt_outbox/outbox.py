@@ -30,6 +30,7 @@ from .core.errors import (
     NotDurable,
     OutboxFull,
     SessionBusy,
+    StorageFull,
     WorkspaceFull,
 )
 from .core.events import QueueEvent, QueueReset, missed_events, parse_event_id
@@ -89,7 +90,11 @@ class Outbox:
         """This Outbox's Prometheus metrics (``metrics.render`` for the text exposition)."""
         self._clock: Clock = clock or utcnow
         self._store = Store(
-            client, event_log_len=t.event_log_len, event_log_ttl_ms=round(t.event_log_ttl * 1000)
+            client,
+            event_log_len=t.event_log_len,
+            event_log_ttl_ms=round(t.event_log_ttl * 1000),
+            memory_ratio=t.accept_memory_ratio,
+            memory_interval=t.memory_check_interval,
         )
         self._wiring = Wiring()
         self._engine = Engine(self._store, t, self._clock, self.metrics, self._wiring)
@@ -173,6 +178,7 @@ class Outbox:
         within ``dedupe_ttl`` with the same text and model, ``IdempotencyKeyReused`` (with it
         too, nothing written) when it was accepted with another text or model, ``OutboxFull``
         at ``cap`` (``WorkspaceFull``, an ``OutboxFull`` too, at ``workspace_cap``),
+        ``StorageFull`` while Valkey's memory is at ``accept_memory_ratio`` of its maxmemory,
         ``ValueError`` (an ``InvalidInput``) for bad input. The dedupe marker is
         written only after the push, in the same script: never half-written.
 
@@ -218,6 +224,10 @@ class Outbox:
         if reply.outcome is Accept.WORKSPACE_FULL:
             self.metrics.refused_workspace_full.inc()
             raise WorkspaceFull(t.workspace_cap)
+        if reply.outcome is Accept.STORAGE_FULL:
+            self.metrics.refused_storage_full.inc()
+            memory = reply.memory
+            raise StorageFull(memory.used if memory else 0, memory.limit if memory else 0)
         if reply.outcome is Accept.REJECTED:
             self.metrics.refused_busy.inc()
             raise SessionBusy()

@@ -23,6 +23,7 @@ from ..core.errors import (
     NotDurable,
     OutboxFull,
     SessionBusy,
+    StorageFull,
     TextTooLarge,
     WorkspaceFull,
 )
@@ -69,9 +70,12 @@ ERROR_WHY = {
     422: "a field is missing or of the wrong type; for an accept, idempotency_key_reused: the "
     "key was accepted for another text or model (its id), nothing written",
     429: "the session's outbox is full (or, for events, the token holds too many streams); "
-    "for an accept, rate_limited: the token sends faster than its accept rate (Retry-After)",
+    "for an accept, rate_limited: the token sends faster than its accept rate (Retry-After); "
+    "outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap "
+    "entries, nothing written (Retry-After)",
     503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
-    "accept, not_durable: written (its id) but not confirmed at accept_durability in time",
+    "accept, not_durable: written (its id) but not confirmed at accept_durability in time; "
+    "storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After)",
 }
 
 # The status of each InvalidInput kind that is not a plain 400.
@@ -110,6 +114,12 @@ async def _outbox_full(_: Request, exc: OutboxFull) -> Response:
 
 async def _workspace_full(_: Request, exc: WorkspaceFull) -> Response:
     return error_response(429, "workspace_full", str(exc), headers=FULL_RETRY_AFTER)
+
+
+async def _storage_full(_: Request, exc: StorageFull) -> Response:
+    # Not the client's doing, and the server's memory figures are not the client's business.
+    detail = "storage is nearly full: nothing was written; send it again later"
+    return error_response(503, "storage_full", detail, headers=FULL_RETRY_AFTER)
 
 
 async def _not_durable(_: Request, exc: NotDurable) -> Response:
@@ -173,6 +183,7 @@ EXCEPTION_HANDLERS: dict[
     InvalidInput: _invalid_input,  # and its kinds, by their code
     OutboxFull: _outbox_full,
     WorkspaceFull: _workspace_full,  # an OutboxFull with its own code
+    StorageFull: _storage_full,
     NotDurable: _not_durable,
     IdempotencyKeyReused: _key_reused,
     SessionBusy: _session_busy,

@@ -79,6 +79,20 @@ class WorkspaceFull(OutboxFull):
         self.cap = cap
 
 
+class StorageFull(Exception):
+    """Valkey's memory is at ``Tunables.accept_memory_ratio`` of its ``maxmemory`` (on the node
+    that holds the workspace): nothing was written. Accepts stop there so that deliveries,
+    which free room, still have the rest (a Valkey past its maxmemory refuses them too). Send
+    again later; ``used`` and ``limit`` are the node's bytes as read."""
+
+    def __init__(self, used: int, limit: int) -> None:
+        super().__init__(
+            f"storage is nearly full ({used} of {limit} bytes of Valkey's maxmemory in use): "
+            "accepts are refused until deliveries free room"
+        )
+        self.used, self.limit = used, limit
+
+
 class NotDurable(Exception):
     """The entry IS written, but the wait for ``accept_durability`` did not confirm it within
     ``durability_timeout`` (a replica down or slow, a failover, AOF turned off since start).

@@ -40,6 +40,11 @@ class Metrics:
             "Accepts refused: the workspace held workspace_cap entries.",
             registry=r,
         )
+        self.refused_storage_full = Counter(
+            "prompt_outbox_refused_storage_full",
+            "Accepts refused: Valkey's memory was at accept_memory_ratio of its maxmemory.",
+            registry=r,
+        )
         self.refused_busy = Counter(
             "prompt_outbox_refused_busy",
             "Accepts refused: whileBusy reject, and the session was busy.",

@@ -11,6 +11,7 @@ _MINUTE = 60.0
 _HOUR = 60 * _MINUTE
 _DEFAULT_LEASE = 30.0
 _SMALLEST = 0.001  # seconds: one millisecond, the resolution of a Valkey TTL
+_RATIOS = ("accept_memory_ratio",)  # shares, not durations
 
 
 class _Derived(float):
@@ -52,6 +53,12 @@ class Tunables:
     ``durability_timeout`` bounds the wait for it (past it, ``accept`` raises NotDurable). The
     default, ``fsync``, costs nothing on a server with ``appendfsync always`` (the embedded one).
 
+    ``workspace_cap`` bounds the entries of one workspace over all its sessions (``cap`` bounds
+    one session's). ``accept_memory_ratio``: accepts stop (``StorageFull``) while Valkey's used
+    memory is at that share of its ``maxmemory`` (a server without one has no such check), so
+    deliveries, which free room, still have the rest; ``memory_check_interval`` is how long a
+    node's reading is kept.
+
     Every combination of the seed's knobs that the seed allows constructs (counts >= 1,
     durations of at least a millisecond, ``lock_ttl > delivery_timeout``); a value the caller
     set that breaks a rule is refused with a ValueError naming that field. A derived value
@@ -87,6 +94,10 @@ class Tunables:
     # What an acknowledged accept promises, and how long an accept waits for that promise.
     accept_durability: DurabilityLevel = _DEFAULT_LEVEL  # type: ignore[assignment]
     durability_timeout: float = 5.0
+    # Accepts stop while a node's used memory is past this share of its maxmemory (none: no
+    # check), so deliveries keep the rest; the reading is cached this long per node.
+    accept_memory_ratio: float = 0.8
+    memory_check_interval: float = 1.0
 
     @property
     def durability_chosen(self) -> bool:
@@ -124,9 +135,14 @@ class Tunables:
                     raise ValueError(
                         f"Tunables.{f.name} must be a whole number >= 1, got {value!r}"
                     )
-            elif value < _SMALLEST:
+            elif value < _SMALLEST and f.name not in _RATIOS:
                 # Valkey's TTLs are whole milliseconds: a shorter lease would be PX 0.
                 raise ValueError(f"Tunables.{f.name} must be at least 0.001 s, got {value!r}")
+        if not 0 < self.accept_memory_ratio <= 1:
+            raise ValueError(
+                "Tunables.accept_memory_ratio must be a share of maxmemory, above 0 and at "
+                f"most 1, got {self.accept_memory_ratio!r}"
+            )
         if self.lock_ttl <= self.delivery_timeout:
             raise ValueError(
                 f"Tunables.lock_ttl ({self.lock_ttl}) must exceed delivery_timeout "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ..core.events import EventLogState
+from .memory import Memory
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -45,6 +46,7 @@ class Accept(enum.Enum):
     REJECTED = "rejected"  # whileBusy reject, and the session is busy
     FULL = "full"  # the session holds cap entries
     WORKSPACE_FULL = "workspace_full"  # the workspace holds workspace_cap entries
+    STORAGE_FULL = "storage_full"  # the node's memory is at the accept ceiling
 
 
 class Confirm(enum.Enum):
@@ -71,12 +73,13 @@ class Accepted:
     """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE or a
     REUSED key; ``confirmation`` what the durability wait saw (None when none was asked, or
     a refusal); ``in_flight`` the entry being delivered when an ``interrupt`` accept
-    landed ('' if none)."""
+    landed ('' if none); ``memory`` the node's reading that refused a STORAGE_FULL."""
 
     outcome: Accept
     accepted_id: str = ""
     confirmation: Confirmation | None = None
     in_flight: str = ""
+    memory: Memory | None = None
 
 
 class Acquire(enum.Enum):

@@ -23,6 +23,7 @@ from . import replies, waitaof
 from .autopipe import AutoPipeline
 from .client import Client
 from .dueindex import DueIndex
+from .memory import MemoryCeiling
 from .replies import (
     Accept,
     Accepted,
@@ -73,13 +74,23 @@ class Store:
     """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's.
 
     ``event_log_len`` / ``event_log_ttl_ms`` bound each session's event log (its newest events;
-    gone once the session is quiet that long). On a cluster every transition is still one
-    script on the workspace's slot (its keys share the ``{ws}`` hash tag)."""
+    gone once the session is quiet that long). ``memory_ratio`` / ``memory_interval``: accepts
+    stop at that share of a node's maxmemory, read at most once per interval (memory.py). On
+    a cluster every transition is still one script on the workspace's slot (its keys share
+    the ``{ws}`` hash tag)."""
 
     def __init__(
-        self, client: Client, *, event_log_len: int = 1000, event_log_ttl_ms: int = 86_400_000
+        self,
+        client: Client,
+        *,
+        event_log_len: int = 1000,
+        event_log_ttl_ms: int = 86_400_000,
+        memory_ratio: float = 0.8,
+        memory_interval: float = 1.0,
     ) -> None:
         self.client = client
+        self.memory = MemoryCeiling(client, memory_ratio, memory_interval)
+        """The accept path's memory ceiling (per node cached INFO memory)."""
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(src)  # type: ignore[misc]  # cluster: typed as Valkey's
             for name, src in sources(event_log_len, event_log_ttl_ms).items()
@@ -160,10 +171,11 @@ class Store:
         wait: waitaof.WaitAof | None = None,
         while_busy: str = "enqueue",
     ) -> Accepted:
-        """accept.lua: dedupe (key, then payload ``fingerprint``), ``while_busy`` (a reject
-        refuses a busy session; an interrupt names the entry in flight), the session's
-        ``cap``, the workspace's ``workspace_cap`` (its count's total: O(1)), push, marker,
-        fingerprint; marked due and announced. With ``wait``, then WAITAOF for the accept (or
+        """accept.lua: dedupe (key, then payload ``fingerprint``), the memory ceiling (the
+        node's cached reading, passed in: STORAGE_FULL), ``while_busy`` (a reject refuses a
+        busy session; an interrupt names the entry in flight), the session's ``cap``, the
+        workspace's ``workspace_cap`` (its count's total: O(1)), push, marker, fingerprint;
+        marked due and announced. With ``wait``, then WAITAOF for the accept (or
         a DUPLICATE's first accept, whose marker is written again for it): in the accept's
         own pipeline on a standalone server, as a pair of its own on a cluster."""
         marker = k.dedupe(cmid)
@@ -172,8 +184,12 @@ class Store:
         keys = [*k.script_keys(), marker, k.fingerprint(cmid)]
         waits = int(bool(tail))
         args = [k.ses, entry, entry_id, cap, ttl_ms, waits, fingerprint, while_busy, workspace_cap]
+        over = await self.memory.over(k)
+        args.append(int(over is not None))
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
+        if outcome is Accept.STORAGE_FULL:
+            return Accepted(outcome, memory=over)
         first = text(rest[0]) if outcome in (Accept.DUPLICATE, Accept.REUSED) else ""
         in_flight = text(rest[0]) if outcome is Accept.OK and rest else ""
         if wait is None or outcome not in (Accept.OK, Accept.DUPLICATE):

@@ -1,6 +1,6 @@
 --[[
-  Accept a prompt: dedupe first, then the caps (the session's, then the workspace's), then
-  push, and only THEN the dedupe marker (a marker without its entry would turn every client
+  Accept a prompt: dedupe first, then the memory ceiling, then the caps (the session's, then
+  the workspace's), then push, and only THEN the dedupe marker (a marker without its entry would turn every client
   retry into a false duplicate) and the payload's fingerprint beside it (a marker without one,
   as written before fingerprints, makes a duplicate whatever the payload). The workspace's
   count moves with the push (index_pushed).
@@ -24,6 +24,8 @@
                asks the deliverer to abort
     ARGV[9]    workspace cap: entries allowed over all the workspace's sessions (the total
                of KEYS[8], which every session script keeps exact)
+    ARGV[10]   1: the node's memory is at the accept ceiling (storage/memory.py read it):
+               refuse; 0: go on
 
   Output:
     {'ok'[, staged id]}    pushed, marker set; for 'interrupt', the ID of the entry being
@@ -34,6 +36,7 @@
                            nothing written but the marker again (ARGV[6])
     {'reused', id}         the marker names entry id, accepted for ANOTHER payload: the key was
                            reused; nothing written
+    {'storage_full'}       ARGV[10]: no room for new entries; nothing written
     {'rejected'}           ARGV[8] and the session is busy (staging, or a blocking entry in the
                            queue); nothing written
     {'full', n}            the session holds n >= cap entries; nothing written
@@ -51,7 +54,8 @@ if prev then
   if ARGV[6] == '1' then redis.call('SET', KEYS[9], prev, 'KEEPTTL') end
   return {'duplicate', prev}, true
 end
--- After the dedupe: a retry of an accept that was taken is its duplicate, busy or not.
+-- After the dedupe: a retry of an accept that was taken is its duplicate, full or busy or not.
+if ARGV[10] == '1' then return {'storage_full'}, true end
 if ARGV[8] == 'reject' and (redis.call('LLEN', KEYS[D]) > 0 or find_head(KEYS[Q])) then
   return {'rejected'}, true
 end

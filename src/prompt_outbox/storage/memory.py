@@ -1,0 +1,107 @@
+"""The accept path's memory ceiling: accepts stop while a node's ``used_memory`` is at or past
+``ratio`` x its ``maxmemory``, so that the transitions that move entries on and free room
+(stage, complete, restore...) still have the rest.
+
+Valkey with ``maxmemory-policy noeviction`` refuses a script's first write once
+``used_memory`` passes ``maxmemory`` (deliveries included, part-way through: a complete.lua
+that removed the entry and is refused its claim marker). So the ceiling is below it. The
+reading (INFO memory) is cached per node for ``interval`` seconds: an accept pays no round
+trip for it but once an interval per node (concurrent accepts share that read). A server
+without ``maxmemory`` (0) has no ceiling; it is read again each interval, so a
+``CONFIG SET maxmemory`` is seen within one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from valkey.asyncio.cluster import ValkeyCluster
+from valkey.exceptions import ResponseError
+
+from ..core.keys import SessionKeys
+from .client import Client
+
+log = logging.getLogger("prompt_outbox.storage")
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """One node's INFO memory: ``used`` and ``limit`` (maxmemory; 0: none) in bytes, and
+    when it was read (``time.monotonic``)."""
+
+    used: int
+    limit: int
+    read_at: float
+
+    def over(self, ratio: float) -> bool:
+        """Whether accepts must stop: a maxmemory, and ``used`` at ``ratio`` of it or past."""
+        return self.limit > 0 and self.used >= ratio * self.limit
+
+
+class MemoryCeiling:
+    """Per node cached INFO memory readings, and the ceiling check on them (``Store.accept``)."""
+
+    def __init__(
+        self,
+        client: Client,
+        ratio: float,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.ratio = ratio
+        self.interval = interval
+        self._clock = clock
+        self._readings: dict[str, Memory] = {}
+        self._reads: dict[str, asyncio.Lock] = {}
+        self._unreadable: set[str] = set()
+
+    async def over(self, k: SessionKeys) -> Memory | None:
+        """The reading of the node that owns the session's slot if accepts must stop there,
+        else None."""
+        node, name = self._node(k)
+        memory = self._readings.get(name)
+        if memory is None or self._clock() - memory.read_at >= self.interval:
+            memory = await self._read(node, name)
+        return memory if memory.over(self.ratio) else None
+
+    def _node(self, k: SessionKeys) -> tuple[Any, str]:
+        if isinstance(self.client, ValkeyCluster):
+            node = self.client.get_node_from_key(k.queue)
+            if node is not None:
+                return node, str(node.name)
+        return None, ""
+
+    async def _read(self, node: Any, name: str) -> Memory:
+        # One read per node at a time: the accepts that find it stale meanwhile wait for it.
+        async with self._reads.setdefault(name, asyncio.Lock()):
+            memory = self._readings.get(name)
+            if memory is not None and self._clock() - memory.read_at < self.interval:
+                return memory
+            try:
+                info = await self._info(node)
+            except ResponseError as exc:
+                # INFO refused (an ACL without it, a renamed command): no ceiling to keep.
+                if name not in self._unreadable:
+                    log.warning("cannot read INFO memory (%s): no memory ceiling on %r", exc, name)
+                    self._unreadable.add(name)
+                info = {}
+            memory = Memory(
+                int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)), self._clock()
+            )
+            self._readings[name] = memory
+            return memory
+
+    async def _info(self, node: Any) -> dict[str, Any]:
+        if node is None:
+            info: dict[str, Any] = await self.client.info("memory")
+            return info
+        answer = await self.client.info("memory", target_nodes=node)
+        if "used_memory" not in answer and len(answer) == 1:  # keyed by the node's name
+            [answer] = answer.values()
+        return dict(answer)
