@@ -33,7 +33,8 @@ export interface paths {
         };
         /**
          * Metrics
-         * @description Prometheus text: this process's counters and histograms, and entries by status.
+         * @description Prometheus text: this process's counters and histograms, and the entries by status as
+         *     last counted (at most ``--metrics-count-interval`` seconds ago).
          */
         get: operations["metrics_metrics_get"];
         put?: never;
@@ -701,7 +702,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -766,7 +767,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -836,7 +837,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -906,7 +907,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -974,7 +975,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1042,7 +1043,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1110,7 +1111,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1184,7 +1185,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1257,7 +1258,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1327,7 +1328,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1397,7 +1398,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1474,7 +1475,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept, rate_limited: the token sends faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1483,7 +1484,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1553,7 +1554,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1682,7 +1683,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept, rate_limited: the token sends faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1691,7 +1692,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1779,7 +1780,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1887,7 +1888,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1977,7 +1978,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2047,7 +2048,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2117,7 +2118,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
