@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,15 +15,23 @@ import pytest
 from valkey.asyncio import Valkey
 from valkey.asyncio.cluster import ValkeyCluster
 
-from prompt_outbox import Duplicate, Outbox, OutboxFull
+from prompt_outbox import Duplicate, EditResult, Outbox, OutboxFull
 from prompt_outbox.api.sse import event_stream
 from prompt_outbox.core.events import QueueEvent, QueueReset
 from prompt_outbox.core.keys import session_keys
+from prompt_outbox.core.metrics import Metrics
 from prompt_outbox.embedded import EmbeddedValkey
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.connect import connect
-from prompt_outbox.storage.feed import FeedLimits, FellBehind
-from prompt_outbox.storage.store import TRANSIENT_ERRORS
+from prompt_outbox.storage.feed import (
+    Event,
+    EventFeed,
+    FeedLimits,
+    FellBehind,
+    Follower,
+    StreamEnded,
+)
+from prompt_outbox.storage.store import TRANSIENT_ERRORS, Store
 from tests.cluster import LocalCluster, migrate_slot, owner_of
 from tests.conftest import FAST, eventually, holds
 from tests.test_events import take
@@ -234,3 +243,143 @@ async def test_a_moved_slot_loses_no_event(valkey_cluster: LocalCluster) -> None
             await w.close()
         await outbox.aclose()
         await client.aclose()
+
+
+# -- the byte bounds (issue 22, finding 5) ---------------------------------------------------
+
+KB = 1000
+BIG = 40 * KB  # each edit logs the whole entry: an event of about this many bytes
+
+
+async def edits(outbox: Outbox, ses: str, entry_id: str, count: int, start: int = 0) -> None:
+    """``count`` edits of ``entry_id`` in ``ses``, each logging an event of about BIG bytes."""
+    for n in range(start, start + count):
+        result = await outbox.edit(WS, ses, entry_id, text=f"{n:04d}" + "x" * BIG)
+        assert result is EditResult.UPDATED
+
+
+def fell_behind(metrics: Metrics, bound: str) -> float | None:
+    return metrics.registry.get_sample_value(
+        "prompt_outbox_streams_fell_behind_total", {"bound": bound}
+    )
+
+
+async def drain(follower: Follower) -> tuple[list[Event], BaseException | None]:
+    """What a reader that takes everything at once gets, until the follower is quiet or ends."""
+    got: list[Event] = []
+    try:
+        while batch := await follower.next(0.2):
+            got += batch
+    except StreamEnded as exc:
+        return got, exc
+    return got, None
+
+
+async def test_a_follower_is_cut_off_at_its_byte_bound_and_resumes_exactly(client: Client) -> None:
+    # 30 events of ~40 KB: far under the event bound (1000), over 200 KB of bytes.
+    limits = FeedLimits(max_behind_bytes=200 * KB)
+    metrics = Metrics()
+    feed = EventFeed(Store(client), limits, metrics)
+    outbox = Outbox(client, FAST)
+    entry = await outbox.accept(WS, SES, "u", "c0", "small")
+    k = session_keys(WS, SES)
+    follower = feed.follow(k, "0-0")
+    try:
+        await edits(outbox, SES, entry.id, 30)  # its reader takes nothing meanwhile
+        await eventually(lambda: holds(follower.failure is not None))
+        assert isinstance(follower.failure, FellBehind), follower.failure
+        # It read up to its bound (one event past it at most), then stopped reading.
+        assert limits.max_behind_bytes <= follower.buffered < limits.max_behind_bytes + 2 * BIG
+        assert feed.buffered == follower.buffered
+        assert fell_behind(metrics, "bytes") == 1
+        got, ended = await drain(follower)  # what was buffered first: each cut-off moves it on
+        assert isinstance(ended, FellBehind)
+    finally:
+        follower.close()
+    assert feed.buffered == 0
+    assert 2 < len(got) < 31
+    # It comes back after the last event it got: exactly the rest, read a buffer at a time
+    # (the backlog is over the bound, and is not counted against it).
+    with feed.follow(k, got[-1][0]) as again:
+        rest, ended = await drain(again)
+    assert ended is None
+    kinds = [fields["kind"] for _, fields in got + rest]
+    assert kinds == ["accepted"] + ["edited"] * 30
+    texts = [json.loads(fields["entry"])["text"][:4] for _, fields in got[1:] + rest]
+    assert texts == [f"{n:04d}" for n in range(30)]
+
+
+async def test_the_process_budget_sheds_the_readers_holding_most(client: Client) -> None:
+    # Each of three idle readers stays under its own bound (1 MB), together over the budget.
+    limits = FeedLimits(max_behind_bytes=1000 * KB, max_buffered_bytes=300 * KB)
+    metrics = Metrics()
+    feed = EventFeed(Store(client), limits, metrics)
+    outbox = Outbox(client, FAST)
+    idle = [f"idle{n}" for n in range(3)]
+    ids = {ses: (await outbox.accept(WS, ses, "u", "c0", "small")).id for ses in [*idle, "fast"]}
+    followers = {ses: feed.follow(session_keys(WS, ses), "0-0") for ses in idle}
+    fast = feed.follow(session_keys(WS, "fast"), "0-0")
+    fast_got: list[Event] = []
+
+    async def read_fast() -> None:
+        while True:
+            fast_got.extend(await fast.next(QUIET))
+
+    reader = asyncio.create_task(read_fast())
+    try:
+        for ses in idle:
+            await edits(outbox, ses, ids[ses], 5)  # 200 KB each
+            await edits(outbox, "fast", ids["fast"], 2, start=len(fast_got))
+        await eventually(lambda: holds(len(fast_got) == 1 + 6))
+        assert feed.buffered <= limits.max_buffered_bytes
+        shed = [ses for ses in idle if followers[ses].failure is not None]
+        assert shed, "the budget cut no follower"
+        assert fell_behind(metrics, "process") == len(shed)
+        for ses in shed:  # its buffer is freed at once: a reader that never takes holds nothing
+            assert followers[ses].buffered == 0
+            got, ended = await drain(followers[ses])
+            assert (got, type(ended)) == ([], FellBehind)
+            # ... and it resumes after the last event it took (none here): everything.
+            with feed.follow(session_keys(WS, ses), "0-0") as again:
+                rest, _ = await drain(again)
+            assert [f["kind"] for _, f in rest] == ["accepted"] + ["edited"] * 5
+        assert fast.failure is None  # the reader that keeps up is never the one cut
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        for f in [*followers.values(), fast]:
+            f.close()
+    assert feed.buffered == 0
+    assert metrics.registry.get_sample_value("prompt_outbox_stream_buffer_bytes") == 0
+
+
+async def test_a_reader_that_keeps_up_is_not_cut_by_the_byte_bound(client: Client) -> None:
+    # 40 events of ~40 KB (1.6 MB) through a bound of 100 KB: a reader that takes each as it
+    # comes never has more than the one in hand unread.
+    feed = EventFeed(Store(client), FeedLimits(max_behind_bytes=100 * KB))
+    outbox = Outbox(client, FAST)
+    entry = await outbox.accept(WS, SES, "u", "c0", "small")
+    got: list[Event] = []
+    with feed.follow(session_keys(WS, SES), "0-0") as follower:
+
+        async def read() -> None:
+            while True:
+                got.extend(await follower.next(QUIET))
+
+        reader = asyncio.create_task(read())
+        try:
+            await edits(outbox, SES, entry.id, 40)
+            await eventually(lambda: holds(len(got) == 41 or reader.done()))
+            assert not reader.done(), reader.exception()
+            assert follower.failure is None
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+def test_feed_limits_refuse_nonsense_byte_bounds() -> None:
+    for bad in ({"max_behind_bytes": 0}, {"max_buffered_bytes": -1}, {"max_behind_bytes": 1.5}):
+        with pytest.raises(ValueError, match=r"FeedLimits\.max_"):
+            FeedLimits(**bad)  # type: ignore[arg-type]

@@ -104,7 +104,7 @@ class Outbox:
         """Workspaces and sessions with their counts, in pages (the queue page's overview)."""
         self._detached = Detached()
         self._wakeups = Wakeups()
-        self._feed = EventFeed(self._store, feed)
+        self._feed = EventFeed(self._store, feed, self.metrics)
         self._durability: DurabilityReport | None = None
         self._wait: WaitAof | None = None
         self._durability_lock = asyncio.Lock()
@@ -292,8 +292,10 @@ class Outbox:
         ``last_event_id`` raises ``InvalidEventId`` (a ValueError) before anything is read.
 
         Every watch of this Outbox shares its few connections (``storage/feed.py``). A caller
-        that leaves more than ``FeedLimits.max_behind`` events unread gets ``FellBehind`` (a
-        ``StreamEnded``, as ``aclose`` gives): resume with the last event ID it got.
+        that leaves more than ``FeedLimits.max_behind`` events or ``max_behind_bytes`` bytes
+        unread (or is among those holding the most when the process's streams together hold
+        over ``max_buffered_bytes``) gets ``FellBehind`` (a ``StreamEnded``, as ``aclose``
+        gives): resume with the last event ID it got.
         """
         k = session_keys(workspace_id, session_id)
         if last_event_id is not None:
@@ -306,7 +308,9 @@ class Outbox:
             yield QueueReset(position, self._listed(snap))
         with self._feed.follow(k, position) as follower:
             while True:
-                batch = await follower.next(poll)
+                # One event at a time: what the caller has not taken stays in the follower's
+                # buffer, where its bytes are counted against the bounds.
+                batch = await follower.next(poll, limit=1)
                 if not batch:
                     yield None
                 for event_id, fields in batch:

@@ -24,6 +24,7 @@ from ..api.limits import DEFAULT_BURST, DEFAULT_RATE
 from ..api.streams import DEFAULT_PER_PROCESS, DEFAULT_PER_TOKEN
 from ..outbox import Outbox
 from ..storage.connect import connect
+from ..storage.feed import MIB, FeedLimits
 from .delivery import Delivery, build_delivery, delivery_options
 from .storage import Durability, durability_options, open_outbox, storage_options
 
@@ -168,6 +169,24 @@ async def run_api(
     help="open event streams one token may hold (429 past it)",
 )
 @click.option(
+    "--stream-buffer-mib",
+    default=FeedLimits().max_behind_bytes // MIB,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_STREAM_BUFFER_MIB",
+    type=click.IntRange(min=1),
+    help="MiB of events one event stream's client may leave unread (its stream ends past it; "
+    "the client resumes by its last ID)",
+)
+@click.option(
+    "--streams-buffer-mib",
+    default=FeedLimits().max_buffered_bytes // MIB,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_STREAMS_BUFFER_MIB",
+    type=click.IntRange(min=1),
+    help="MiB of unread events all event streams of this process may hold (past it, those "
+    "holding the most end)",
+)
+@click.option(
     "--accept-rate",
     default=DEFAULT_RATE,
     show_default=True,
@@ -237,6 +256,8 @@ def serve(
     no_auth: bool,
     max_streams: int,
     max_streams_per_token: int,
+    stream_buffer_mib: int,
+    streams_buffer_mib: int,
     accept_rate: float,
     accept_burst: int,
     metrics_count_interval: float,
@@ -268,7 +289,10 @@ def serve(
 
     async def main() -> None:
         durability = Durability(accept_durability, durability_timeout, strict_durability)
-        opened = open_outbox(valkey_url, data_dir, tunables_json, durability)
+        feed = FeedLimits(
+            max_behind_bytes=stream_buffer_mib * MIB, max_buffered_bytes=streams_buffer_mib * MIB
+        )
+        opened = open_outbox(valkey_url, data_dir, tunables_json, durability, feed)
         # aclosing: the event streams' shared connections close before the client does.
         async with opened as outbox, contextlib.aclosing(outbox), delivering(outbox, chosen):
             limits = StreamLimits(per_process=max_streams, per_token=max_streams_per_token)

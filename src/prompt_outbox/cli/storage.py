@@ -18,6 +18,7 @@ from ..storage.client import Client
 from ..storage.connect import connect
 from ..storage.durability import DurabilityError
 from ..storage.embedded import DataDirInUse, EmbeddedValkey, running_url
+from ..storage.feed import FeedLimits
 
 log = logging.getLogger("prompt_outbox.cli")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -113,14 +114,16 @@ async def open_outbox(
     data_dir: Path,
     tunables_json: str | None = None,
     durability: Durability | None = None,
+    feed: FeedLimits | None = None,
 ) -> AsyncIterator[Outbox]:
     """An Outbox on the configured Valkey (see ``open_valkey``) with the given tunables.
-    With ``durability`` (serve, worker), the level in force is decided and logged first."""
+    With ``durability`` (serve, worker), the level in force is decided and logged first.
+    ``feed``: the bounds of its event streams (serve)."""
     tunables = _tunables(tunables_json, durability)
     # A blocked WAITAOF answers at durability_timeout: the socket must wait longer than that.
     socket_timeout = max(10.0, tunables.durability_timeout + 5.0)
     async with open_valkey(valkey_url, data_dir, socket_timeout) as client:
-        outbox = Outbox(client, tunables)
+        outbox = Outbox(client, tunables, feed=feed)
         if durability is not None:
             await _check_durability(outbox, durability.strict_durability)
         yield outbox

@@ -124,6 +124,19 @@ class Metrics:
             "When prompt_outbox_entries was counted (seconds since the epoch).",
             registry=r,
         )
+        self.streams_fell_behind = Counter(
+            "prompt_outbox_streams_fell_behind",
+            "Event streams (watches) ended because their reader fell behind, by the bound: "
+            "events or bytes (its own, FeedLimits.max_behind / max_behind_bytes), process "
+            "(all streams' buffers together, FeedLimits.max_buffered_bytes).",
+            ["bound"],
+            registry=r,
+        )
+        self.stream_buffer_bytes = Gauge(
+            "prompt_outbox_stream_buffer_bytes",
+            "Bytes the event streams' buffers hold, read but not yet taken by their readers.",
+            registry=r,
+        )
 
     def render(self, by_status: Mapping[str, int] | None, counted_at: float = 0.0) -> bytes:
         """The text exposition, with the gauge set from a count of the entries taken at

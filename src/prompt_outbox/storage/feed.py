@@ -14,24 +14,34 @@ subscription is (re)confirmed (a dropped connection, a slot that moved), and a q
 reads every ``safety_poll`` anyway. A lost notice costs latency, never an event.
 
 Each follower buffers what it read and its reader has not taken yet, at most ``max_behind``
-events; full, it stops reading and counts the notices it could not follow. Once buffered plus
-announced pass ``max_behind`` the reader fell behind: it gets what is buffered, then
-``FellBehind``, so a slow reader holds neither memory nor anyone else up, and each cut-off
-still moves it forward. It resumes after the last event it got, like any reconnecting client
-(the capped log and the reset rule decide what it sees: ``core/events.missed_events``). A
-resume's backlog (no notices: it was logged before) is read a buffer at a time as the reader
-takes it, never counted against it.
+events and about ``max_behind_bytes`` bytes; full, it stops reading and counts the notices it
+could not follow. Once buffered plus announced pass ``max_behind``, or a notice comes while the
+bytes are full, the reader fell behind: it gets what is buffered, then ``FellBehind``, so a
+slow reader holds neither memory nor anyone else up, and each cut-off still moves it forward.
+It resumes after the last event it got, like any reconnecting client (the capped log and the
+reset rule decide what it sees: ``core/events.missed_events``). A resume's backlog (no
+notices: it was logged before) is read a buffer at a time as the reader takes it, never
+counted against it.
+
+Bytes are also bounded across the process: the buffers of all followers of one feed hold at
+most ``max_buffered_bytes``. Past it the feed sheds the followers holding the most (those whose
+reader already fell behind or stopped taking first, a reader waiting for events last): each
+loses its buffer at once (a reader that never takes would keep it forever) and gets
+``FellBehind``; nothing is lost, it resumes after the last event it took.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
 
 from ..core.events import parse_event_id
 from ..core.keys import SessionKeys
+from ..core.metrics import Metrics
 from .replies import Snapshot
 from .shardsub import ShardSubscriber
 from .store import UNAVAILABLE, Store
@@ -48,6 +58,24 @@ class FellBehind(StreamEnded):
     """The reader left more than ``max_behind`` events unread: its stream ends."""
 
 
+MIB = 1024 * 1024
+
+FIRST_READ = 16
+"""Until a follower has seen its session's events, it assumes each may be as large as
+1/FIRST_READ of its byte bound: a first read (a resume's backlog of large events) cannot
+overshoot the bound by a whole batch."""
+
+
+def event_bytes(event: Event) -> int:
+    """The memory one buffered event holds: its ID, its field names and values, and the dict
+    (``sys.getsizeof``: a string of non-ASCII text counts its 2 or 4 bytes per character)."""
+    event_id, fields = event
+    size = sys.getsizeof(event_id) + sys.getsizeof(fields)
+    for name, value in fields.items():
+        size += sys.getsizeof(name) + sys.getsizeof(value)
+    return size
+
+
 READ_RETRIES = 5
 READ_RETRY_AFTER = 0.05
 """A read that finds Valkey unavailable is tried again after 0.05, 0.1 ... 0.8 s (about 1.5 s
@@ -60,18 +88,24 @@ class FeedLimits:
 
     ``reads``: reads in flight at once across all followers (each XREAD, and each opening
     snapshot, holds a pooled connection for one round trip). ``batch``: events per XREAD.
-    ``max_behind``: events a reader may leave unread before its stream ends. ``safety_poll``:
-    seconds after which a quiet follower reads anyway (the longest a lost notice can delay an
-    event; each quiet stream costs one XREAD per period).
+    ``max_behind``: events a reader may leave unread before its stream ends.
+    ``max_behind_bytes``: the bytes (``event_bytes``) a reader may leave unread before its
+    stream ends: 4 MiB, about 40 prompts at the 100 KB text limit, thousands of ordinary ones.
+    ``max_buffered_bytes``: the bytes all followers of the feed may hold at once: 64 MiB, the
+    byte bound of 16 readers fallen behind together (past it, the ones holding the most are cut
+    off). ``safety_poll``: seconds after which a quiet follower reads anyway (the longest a lost
+    notice can delay an event; each quiet stream costs one XREAD per period).
     """
 
     reads: int = 12
     batch: int = 100
     max_behind: int = 1000
+    max_behind_bytes: int = 4 * MIB
+    max_buffered_bytes: int = 64 * MIB
     safety_poll: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("reads", "batch", "max_behind"):
+        for name in ("reads", "batch", "max_behind", "max_behind_bytes", "max_buffered_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"FeedLimits.{name} must be a whole number >= 1, got {value!r}")
@@ -81,14 +115,23 @@ class FeedLimits:
 
 class EventFeed:
     """One process's followers of session event logs (see the module docstring). Subscribes
-    nothing and holds no connection while nobody follows; ``aclose`` ends every follower."""
+    nothing and holds no connection while nobody follows; ``aclose`` ends every follower.
+    ``metrics``: where the readers that fell behind are counted, and the bytes buffered shown."""
 
-    def __init__(self, store: Store, limits: FeedLimits | None = None) -> None:
+    def __init__(
+        self, store: Store, limits: FeedLimits | None = None, metrics: Metrics | None = None
+    ) -> None:
         self.store = store
         self.limits = limits or FeedLimits()
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.stream_buffer_bytes.set_function(lambda: self.buffered)
         self.subscriber = ShardSubscriber(store.client, self._notice)
         self._followers: dict[str, set[Follower]] = {}
         self._reads: asyncio.Semaphore | None = None
+        self.buffered = 0
+        """Bytes the followers' buffers hold (``event_bytes``), ended followers' included."""
+        self._holders: set[Follower] = set()  # followers whose buffer holds something
 
     @property
     def following(self) -> int:
@@ -134,6 +177,39 @@ class EventFeed:
             self._reads = asyncio.Semaphore(self.limits.reads)
         return self._reads
 
+    def _hold(self, follower: Follower, size: int) -> None:
+        """``follower`` buffered ``size`` more bytes: past the process budget, shed."""
+        self.buffered += size
+        self._holders.add(follower)
+        if self.buffered > self.limits.max_buffered_bytes:
+            self._shed()
+
+    def _release(self, follower: Follower, size: int) -> None:
+        self.buffered -= size
+        if not follower.buffered:
+            self._holders.discard(follower)
+
+    def _shed(self) -> None:
+        # The readers that took nothing for longest hold the most; a reader waiting for events
+        # is about to take its buffer (it is keeping up), so it goes last.
+        def order(f: Follower) -> tuple[bool, bool, bool, int]:
+            return (f.waiting, f.failure is None, not f.full, -f.buffered)
+
+        for follower in sorted(self._holders, key=order):
+            if self.buffered <= self.limits.max_buffered_bytes:
+                return
+            self._fell_behind("process")
+            follower.drop(
+                FellBehind(
+                    f"this process's event streams hold over {self.limits.max_buffered_bytes} "
+                    "bytes unread"
+                )
+            )
+
+    def _fell_behind(self, bound: str) -> None:
+        if self.metrics is not None:
+            self.metrics.streams_fell_behind.labels(bound=bound).inc()
+
     async def aclose(self) -> None:
         """End every follower (their readers get ``StreamEnded``) and close the connections."""
         for followers in list(self._followers.values()):
@@ -148,23 +224,41 @@ class EventFeed:
 
 class Follower:
     """One reader's view of one session log: ``next`` gives what was logged since the last
-    call. The feed fills it as notices arrive, up to ``max_behind`` unread events; then it
-    waits for the reader to take some, and counts the notices it could not read. Unread in
-    all (buffered + announced) past ``max_behind``: the reader fell behind, and once it has
-    taken what is buffered (so every cut-off still moves it forward), ``next`` raises."""
+    call. The feed fills it as notices arrive, up to ``max_behind`` unread events and
+    ``max_behind_bytes`` bytes; then it waits for the reader to take some, and counts the
+    notices it could not read. Unread in all (buffered + announced) past ``max_behind``, or a
+    notice while the bytes are full: the reader fell behind, and once it has taken what is
+    buffered (so every cut-off still moves it forward), ``next`` raises."""
 
     def __init__(self, feed: EventFeed, k: SessionKeys, after: str) -> None:
         self.feed = feed
         self.keys = k
         self.position = after
         """The last event ID read into the buffer."""
-        self._buffer: list[Event] = []
+        self.buffered = 0
+        """Bytes the buffer holds (``event_bytes`` of each event)."""
+        self.waiting = False
+        """Whether the reader is waiting in ``next`` (so it takes what comes at once)."""
+        self._buffer: deque[tuple[Event, int]] = deque()  # each event with its size
+        self._largest = 0  # the largest event read so far, in bytes (0: none yet)
         self._announced = 0  # notices of events past the position, not read for want of room
         self._ready = asyncio.Event()
         self._failure: BaseException | None = None
+        self._dropped = False  # shed by the process budget: what it reads is not kept
         self._dirty = False  # something may be logged past the position
         self._task: asyncio.Task[None] | None = None
         self._last_read = asyncio.get_running_loop().time()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the follower ended (``next`` raises it once the buffer is taken), or None."""
+        return self._failure
+
+    @property
+    def full(self) -> bool:
+        """Whether the buffer is at a bound (events or bytes): it reads no more until taken."""
+        limits = self.feed.limits
+        return len(self._buffer) >= limits.max_behind or self.buffered >= limits.max_behind_bytes
 
     def poke(self, event_id: str | None = None) -> None:
         """Read soon: ``event_id`` was logged (ignored if already read), or ``None``: something
@@ -174,10 +268,15 @@ class Follower:
         if event_id is not None and not _is_after(event_id, self.position):
             return
         self._dirty = True
-        if event_id is not None and len(self._buffer) >= self.feed.limits.max_behind:
+        if event_id is not None and self.full:
+            limits = self.feed.limits
             self._announced += 1
-            if len(self._buffer) + self._announced > self.feed.limits.max_behind:
-                self.end(FellBehind(f"over {self.feed.limits.max_behind} events unread"))
+            if self.buffered >= limits.max_behind_bytes:
+                self.feed._fell_behind("bytes")
+                self.end(FellBehind(f"over {limits.max_behind_bytes} bytes unread"))
+            elif len(self._buffer) + self._announced > limits.max_behind:
+                self.feed._fell_behind("events")
+                self.end(FellBehind(f"over {limits.max_behind} events unread"))
             return
         self._start()
 
@@ -185,12 +284,21 @@ class Follower:
         if self._failure is None and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._fill())
 
-    async def _fill(self) -> None:
+    def _room(self) -> int:
+        """How many events the next read may ask for: within both bounds, at least one."""
         limits = self.feed.limits
+        room = min(limits.batch, limits.max_behind - len(self._buffer))
+        free = limits.max_behind_bytes - self.buffered
+        if room <= 0 or free <= 0:
+            return 0
+        largest = self._largest or -(-limits.max_behind_bytes // FIRST_READ)
+        return max(1, min(room, free // largest))
+
+    async def _fill(self) -> None:
         failures = 0
         try:
             while self._dirty and self._failure is None:
-                room = min(limits.batch, limits.max_behind - len(self._buffer))
+                room = self._room()
                 if room <= 0:
                     return  # full: ``next`` starts this again when the reader takes
                 self._dirty = False
@@ -207,10 +315,19 @@ class Follower:
                     await asyncio.sleep(READ_RETRY_AFTER * 2 ** (failures - 1))
                     continue
                 failures = 0
+                if self._dropped:
+                    return  # shed while it read: its reader only gets the failure now
                 if rows:
                     self.position = rows[-1][0]
-                    self._buffer.extend(rows)
+                    added = 0
+                    for row in rows:
+                        size = event_bytes(row)
+                        self._largest = max(self._largest, size)
+                        self._buffer.append((row, size))
+                        added += size
+                    self.buffered += added
                     self._ready.set()
+                    self.feed._hold(self, added)
                 if len(rows) == room:
                     self._dirty = True  # more may be waiting
                     self._announced = max(0, self._announced - len(rows))
@@ -227,20 +344,43 @@ class Follower:
         self._ready.set()
         self.feed.leave(self)
 
-    async def next(self, quiet: float) -> list[Event]:
-        """The events read since the last call, oldest first; ``[]`` after ``quiet`` seconds
-        with none. Then raises ``FellBehind`` / ``StreamEnded``, or the error a read met."""
+    def drop(self, failure: BaseException) -> None:
+        """Stop following and free the buffer now: ``next`` raises ``failure`` (or the
+        failure the follower had already ended with) at once."""
+        self._dropped = True
+        self._take(len(self._buffer))
+        self.end(failure)
+
+    def _take(self, count: int) -> list[Event]:
+        out, size = [], 0
+        for _ in range(count):
+            event, n = self._buffer.popleft()
+            out.append(event)
+            size += n
+        if size:
+            self.buffered -= size
+            self.feed._release(self, size)
+        return out
+
+    async def next(self, quiet: float, limit: int | None = None) -> list[Event]:
+        """The events read since the last call, oldest first (at most ``limit``: the rest stay
+        buffered, and counted); ``[]`` after ``quiet`` seconds with none. Then raises
+        ``FellBehind`` / ``StreamEnded``, or the error a read met."""
         if not self._buffer and self._failure is None:
+            self.waiting = True
             try:
                 await asyncio.wait_for(self._ready.wait(), quiet)
             except TimeoutError:
                 now = asyncio.get_running_loop().time()
                 if now - self._last_read >= self.feed.limits.safety_poll:
                     self.poke()  # a notice may have been lost: look anyway
-        self._ready.clear()
+            finally:
+                self.waiting = False
         if not self._buffer and self._failure is not None:
             raise self._failure
-        out, self._buffer = self._buffer, []
+        out = self._take(len(self._buffer) if limit is None else min(limit, len(self._buffer)))
+        if not self._buffer:
+            self._ready.clear()
         if self._dirty:
             self._start()  # it waited for room
         return out
@@ -249,7 +389,7 @@ class Follower:
         """Stop following (idempotent)."""
         if self._task is not None:
             self._task.cancel()
-        self._buffer = []
+        self._take(len(self._buffer))
         self.end(StreamEnded("closed"))
 
     def __enter__(self) -> Follower:
