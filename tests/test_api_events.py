@@ -6,18 +6,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 
-from prompt_outbox import Outbox
+from prompt_outbox import Entry, FeedLimits, Outbox
 from prompt_outbox.api import StreamLimits
+from prompt_outbox.api.sse import CHUNK, Item, event_stream, format_item, message
+from prompt_outbox.core.events import QueueReset
+from prompt_outbox.storage.client import Client
 from tests.agents import ScriptedAgent
-from tests.conftest import eventually
+from tests.conftest import FAST, eventually
 from tests.test_api import ALICE, URL, serve
 
 EVENTS = URL.removesuffix("/prompts") + "/events"
+JSON_TYPE = "application/json"
 
 
 class Sse:
@@ -168,3 +175,159 @@ async def test_past_the_process_bound_a_new_stream_is_503(outbox: Outbox) -> Non
 def test_stream_limits_refuse_nonsense() -> None:
     with pytest.raises(ValueError, match="per_token"):
         StreamLimits(per_token=0)
+
+
+class SpecSse:
+    """Reads an SSE response as the spec (and a browser's EventSource, and eventsource-parser)
+    does: lines end at CRLF, LF or CR, and only there; a message's ``data`` lines are joined
+    with LF. (httpx's ``aiter_lines`` also splits at U+2028 and the like, which a JSON string
+    may hold raw.) ``ended`` once the server closed the stream."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._chunks = response.aiter_text()
+        self._pending = ""
+        self.ended = False
+
+    async def _line(self) -> str | None:
+        while True:
+            found = re.search(r"\r\n|\r|\n", self._pending)
+            # A CR at the very end may be the first half of a CRLF: wait for more.
+            if found and not (found.group() == "\r" and found.end() == len(self._pending)):
+                line, self._pending = self._pending[: found.start()], self._pending[found.end() :]
+                return line
+            try:
+                self._pending += await anext(self._chunks)
+            except StopAsyncIteration:
+                self.ended = True
+                return None
+
+    async def next(self, within: float = 5.0) -> dict[str, Any] | None:
+        """The next message with an event name, or None once the stream ended."""
+        message: dict[str, Any] = {}
+        data: list[str] = []
+        async with asyncio.timeout(within):
+            while (line := await self._line()) is not None:
+                if not line:
+                    if "event" in message:
+                        return {**message, "data": "\n".join(data)}
+                    message, data = {}, []
+                    continue
+                name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if name == "data":
+                    data.append(value)
+                elif name:
+                    message[name] = value
+        return None
+
+
+RAW_MODEL = '{"a":\n1,\r\n"b":[2,\r3],\n"c":"\u2028"}'  # line breaks in the JSON's whitespace
+
+
+async def test_a_model_with_line_breaks_never_splits_an_event(http: httpx.AsyncClient) -> None:
+    """Every watcher parses every event as JSON: the one open before the accept (its update),
+    the one opened after (its reset), and both through an edit to another such model. Today's
+    writer spliced the model raw into one ``data:`` line, so each line break ended it."""
+    body = '{"clientMessageID":"m1","text":"hi\u2028there","model":' + RAW_MODEL + "}"
+    async with http.stream("GET", EVENTS, headers=ALICE) as before:
+        early = SpecSse(before)
+        assert (await early.next() or {}).get("event") == "queue.reset"
+        r = await http.post(URL, content=body, headers={**ALICE, "Content-Type": JSON_TYPE})
+        assert r.status_code == 202, r.text
+        entry_id = r.json()["id"]
+        async with http.stream("GET", EVENTS, headers=ALICE) as after:
+            late = SpecSse(after)
+            edited = '{"model":{"x":\r\r[\n]}}'
+            r = await http.patch(
+                f"{URL}/{entry_id}", content=edited, headers={**ALICE, "Content-Type": JSON_TYPE}
+            )
+            assert r.status_code == 200, r.text
+            got = [await early.next(), await early.next(), await late.next(), await late.next()]
+    parsed = [json.loads(m["data"]) for m in got if m is not None]
+    assert len(parsed) == 4
+    accepted, edit_seen, reset, edit_seen_late = parsed
+    # The same JSON as sent: its whitespace as written, but for each CR, which comes as LF.
+    assert accepted["entry"]["model"] == json.loads(RAW_MODEL)
+    assert reset["entries"][0]["model"] == json.loads(RAW_MODEL)
+    assert reset["entries"][0]["text"] == "hi\u2028there"
+    assert (
+        edit_seen["entry"]["model"]
+        == edit_seen_late["entry"]["model"]
+        == {
+            "x": [],
+        }
+    )
+    raw = next(m for m in got if m is not None and m["event"] == "queue.update")["data"]
+    assert RAW_MODEL.replace("\r\n", "\n").replace("\r", "\n") in raw
+
+
+async def test_a_client_that_does_not_read_is_cut_off_at_the_byte_bound(client: Client) -> None:
+    """A stream whose client takes nothing holds the generator (Starlette awaits each send,
+    uvicorn's send waits on its flow control), so its follower fills up to its byte bound and
+    is cut off there (not at 1000 events: there are 120), and nothing piles up in between.
+    Read at last, it gives what it had, then ends cleanly; resumed by its last ID, the rest."""
+    outbox = Outbox(client, FAST, feed=FeedLimits(max_behind_bytes=256 * 1024))
+    headers = {**ALICE, "Content-Type": JSON_TYPE}
+    async with served(outbox) as http:
+        body = '{"clientMessageID":"m1","text":"small"}'
+        entry_id = (await http.post(URL, content=body, headers=headers)).json()["id"]
+        async with http.stream("GET", EVENTS, headers=ALICE) as stalled:
+            # 120 edits of 90 KB: about 11 MB, past what the sockets' buffers absorb.
+            for n in range(120):
+                text = f"{n:04d}" + "x" * 90_000
+                r = await http.patch(f"{URL}/{entry_id}", json={"text": text}, headers=headers)
+                assert r.status_code == 200, r.text
+
+            async def cut() -> bool:
+                text = (await http.get("/metrics")).text
+                return 'prompt_outbox_streams_fell_behind_total{bound="bytes"} 1.0' in text
+
+            await eventually(cut)
+            sse = SpecSse(stalled)
+            got = [m async for m in _messages(sse)]
+            assert sse.ended  # a clean end: EventSource reconnects with the last ID
+        assert got[0]["event"] == "queue.reset"
+        seen = [json.loads(m["data"])["entry"]["text"][:4] for m in got[1:]]
+        assert 0 < len(seen) < 120
+        assert seen == [f"{n:04d}" for n in range(len(seen))]
+        resume = {**ALICE, "Last-Event-ID": got[-1]["id"]}
+        async with http.stream("GET", EVENTS, headers=resume) as again:
+            sse = SpecSse(again)
+            rest = [await sse.next() for _ in range(120 - len(seen))]
+        assert all(m is not None and m["event"] == "queue.update" for m in rest)  # no reset
+        texts = [json.loads(m["data"])["entry"]["text"][:4] for m in rest if m is not None]
+        assert seen + texts == [f"{n:04d}" for n in range(120)]
+    await outbox.aclose()
+
+
+async def _messages(sse: SpecSse) -> AsyncIterator[dict[str, Any]]:
+    while (message := await sse.next()) is not None:
+        yield message
+
+
+async def test_a_large_message_goes_to_the_server_in_pieces() -> None:
+    """A queue.reset of 25 prompts near the text limit is over 2 MB: handed to the server in
+    one piece, it would sit whole in uvicorn's transport buffer for a client that does not
+    read (flow control only stops the next send); in pieces, at most 64 KiB + one wait."""
+    now = datetime.now(UTC)
+    entries = [Entry(f"e{n}", f"c{n}", "u", "x" * 90_000, now) for n in range(25)]
+    reset = QueueReset("5-0", entries)
+
+    async def nothing_more() -> AsyncIterator[Item]:
+        return
+        yield
+
+    async def connected() -> bool:
+        return False
+
+    chunks = [c async for c in event_stream(reset, nothing_more(), connected)]
+    assert max(len(c) for c in chunks) <= CHUNK
+    assert len(chunks) > 2_000_000 // CHUNK
+    assert "".join(chunks[1:]) == format_item(reset)
+
+
+def test_an_id_or_event_name_can_never_hold_a_line_break() -> None:
+    for event_id, event in (("5-0\ndata: x", "queue.update"), ("5-0", "queue.update\r")):
+        with pytest.raises(ValueError, match="line break"):
+            message(event_id, event, "{}")
+    assert message("5-0", "e", "{\r\n}") == "id: 5-0\nevent: e\ndata: {\ndata: }\n\n"

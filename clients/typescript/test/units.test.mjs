@@ -1,6 +1,7 @@
 // The pieces with no server: backoff, Retry-After, the stores, event parsing.
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import { createParser } from "eventsource-parser";
 import { Backoff, LocalStorageStore, MemoryStore, OutboxError, parseEvent, parseRetryAfter } from "../dist/index.js";
 
 test("full jitter: a draw below min(max, initial * 2^n), never below Retry-After", () => {
@@ -71,4 +72,20 @@ test("OutboxError: retryable is no answer, 408, 429 and 5xx only", () => {
   const retryable = (status) => new OutboxError(status, "x", "").retryable;
   assert.deepEqual([0, 408, 429, 500, 503].map(retryable), [true, true, true, true, true]);
   assert.deepEqual([400, 401, 403, 404, 409, 413, 422].map(retryable), [false, false, false, false, false, false, false]);
+});
+
+test("an event whose data spans several data: lines (a model with line breaks) parses as the JSON sent", () => {
+  // What the server writes for a model holding LF, CRLF and CR in its whitespace (api/sse.py
+  // splits the data at each line break, one data: line each): eventsource-parser joins them
+  // with LF, so JSON.parse reads the same JSON. Fed in awkward pieces, as a network would (and
+  // with CRLF line ends, which SSE allows as well as the server's LF).
+  const wire =
+    'id: 7-0\r\nevent: queue.update\r\ndata: {"kind":"accepted","id":"e1","entry":{"id":"e1","model":{"a":\r\n' +
+    'data: 1,\r\ndata: "b":[2,\r\ndata: 3]}}}\r\n\r\n';
+  const got = [];
+  const parser = createParser({ onEvent: (message) => got.push(parseEvent(message)) });
+  for (const piece of [wire.slice(0, 90), wire.slice(90, 91), wire.slice(91, 130), wire.slice(130)]) parser.feed(piece);
+  assert.equal(got.length, 1);
+  assert.equal(got[0].eventId, "7-0");
+  assert.deepEqual(got[0].entry.model, { a: 1, b: [2, 3] });
 });
