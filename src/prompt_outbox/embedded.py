@@ -1,5 +1,27 @@
 """Public import path (README); the code lives in ``prompt_outbox.storage.embedded``."""
 
-from .storage.embedded import DataDirInUse, EmbeddedValkey, answers_ping, free_port, running_url
+from .storage.embedded import (
+    MAXMEMORY_CAP,
+    DataDirInUse,
+    EmbeddedValkey,
+    UnsafeDataDir,
+    answers_ping,
+    default_maxmemory,
+    free_port,
+    read_password,
+    redacted,
+    running_url,
+)
 
-__all__ = ["DataDirInUse", "EmbeddedValkey", "answers_ping", "free_port", "running_url"]
+__all__ = [
+    "MAXMEMORY_CAP",
+    "DataDirInUse",
+    "EmbeddedValkey",
+    "UnsafeDataDir",
+    "answers_ping",
+    "default_maxmemory",
+    "free_port",
+    "read_password",
+    "redacted",
+    "running_url",
+]

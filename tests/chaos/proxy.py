@@ -30,10 +30,12 @@ class _Pair:
 
 
 class FaultyProxy:
-    """``async with FaultyProxy(upstream_port) as proxy:`` then connect to ``proxy.url``."""
+    """``async with FaultyProxy(upstream_port) as proxy:`` then connect to ``proxy.url``
+    (which carries ``password``, the upstream server's, if it has one)."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, password: str = "") -> None:
         self.upstream_port = upstream_port
+        self.password = password
         self.port = 0
         self.faults: Counter[str] = Counter()
         self._pairs: set[_Pair] = set()
@@ -43,7 +45,8 @@ class FaultyProxy:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}"
 
     async def __aenter__(self) -> FaultyProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)

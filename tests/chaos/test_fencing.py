@@ -200,9 +200,13 @@ class Monitor:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def on(cls, port: int) -> AsyncIterator[Monitor]:
+    async def on(cls, port: int, password: str = "") -> AsyncIterator[Monitor]:
         monitor = cls()
         reader, monitor._writer = await asyncio.open_connection("127.0.0.1", port)
+        if password:
+            monitor._writer.write(f"AUTH {password}\r\n".encode())
+            await monitor._writer.drain()
+            assert await reader.readline() == b"+OK\r\n"
         monitor._writer.write(b"MONITOR\r\n")
         await monitor._writer.drain()
         assert await reader.readline() == b"+OK\r\n"
@@ -394,13 +398,13 @@ async def fencing_round(
     t0 = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(agent.close)
-        proxy = await stack.enter_async_context(FaultyProxy(server.port))
+        proxy = await stack.enter_async_context(FaultyProxy(server.port, server.password))
         a_url = proxy.url if kind == "stall" else server.url
         a = start_worker(a_url, agent, log_dir, tunables, "A", None)
         stack.callback(a.stop)
         b = start_worker(server.url, agent, log_dir, tunables, "B", gate)
         stack.callback(b.stop)
-        monitor = await stack.enter_async_context(Monitor.on(server.port))
+        monitor = await stack.enter_async_context(Monitor.on(server.port, server.password))
         await until_async(lambda: a.lines("ready") and b.lines("ready"), "workers up", 30)
         seen.timings["start"] = time.monotonic() - t0
 

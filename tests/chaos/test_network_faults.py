@@ -110,7 +110,7 @@ async def test_network_faults_lose_nothing_and_leave_nothing_staged(
     watch = StagingWatch(client, names)
     stop_watch = asyncio.Event()
     watcher = asyncio.create_task(watch.run(stop_watch))
-    async with FaultyProxy(valkey_server.port) as proxy:
+    async with FaultyProxy(valkey_server.port, valkey_server.password) as proxy:
         proxied = valkey_async.Valkey.from_url(
             proxy.url, socket_timeout=WORKER_SOCKET_TIMEOUT, socket_connect_timeout=2
         )

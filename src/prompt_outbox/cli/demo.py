@@ -22,7 +22,7 @@ from ..core.settings import Tunables
 from ..deliver import WebhookDeliverer
 from ..outbox import Outbox
 from ..storage.connect import connect
-from ..storage.embedded import EmbeddedValkey, free_port
+from ..storage.embedded import EmbeddedValkey, free_port, redacted
 from .admin import table
 from .flaky_agent import FlakyAgent
 
@@ -108,7 +108,9 @@ async def _demo(prompts: int, sessions: int, seed: int, data_dir: Path, wait_s: 
             if server.started:
                 break
             await asyncio.sleep(0.01)
-        click.echo(f"API on http://127.0.0.1:{port}, agent on {agent.url}, Valkey {valkey.url}")
+        click.echo(
+            f"API on http://127.0.0.1:{port}, agent on {agent.url}, Valkey {redacted(valkey.url)}"
+        )
         async with outbox.running(hook, tick=0.2):
             sending = asyncio.create_task(
                 _send_all(f"http://127.0.0.1:{port}", prompts, sessions, 0.2, rng)

@@ -246,6 +246,7 @@ async def run_api(
 def serve(
     valkey_url: str | None,
     data_dir: Path,
+    valkey_maxmemory: int | None,
     tunables_json: str | None,
     accept_durability: str | None,
     durability_timeout: float | None,
@@ -292,7 +293,9 @@ def serve(
         feed = FeedLimits(
             max_behind_bytes=stream_buffer_mib * MIB, max_buffered_bytes=streams_buffer_mib * MIB
         )
-        opened = open_outbox(valkey_url, data_dir, tunables_json, durability, feed)
+        opened = open_outbox(
+            valkey_url, data_dir, tunables_json, durability, feed, valkey_maxmemory
+        )
         # aclosing: the event streams' shared connections close before the client does.
         async with opened as outbox, contextlib.aclosing(outbox), delivering(outbox, chosen):
             limits = StreamLimits(per_process=max_streams, per_token=max_streams_per_token)
@@ -319,6 +322,7 @@ def serve(
 def worker(
     valkey_url: str | None,
     data_dir: Path,
+    valkey_maxmemory: int | None,
     tunables_json: str | None,
     accept_durability: str | None,
     durability_timeout: float | None,
@@ -335,7 +339,10 @@ def worker(
 
     async def main() -> None:
         durability = Durability(accept_durability, durability_timeout, strict_durability)
-        async with open_outbox(valkey_url, data_dir, tunables_json, durability) as outbox:
+        opened = open_outbox(
+            valkey_url, data_dir, tunables_json, durability, valkey_maxmemory=valkey_maxmemory
+        )
+        async with opened as outbox:
             stop = asyncio.Event()
             _on_signals(stop)
             async with delivering(outbox, chosen):

@@ -17,15 +17,41 @@ from ..outbox import Outbox
 from ..storage.client import Client
 from ..storage.connect import connect
 from ..storage.durability import DurabilityError
-from ..storage.embedded import DataDirInUse, EmbeddedValkey, running_url
+from ..storage.embedded import (
+    DataDirInUse,
+    EmbeddedValkey,
+    UnsafeDataDir,
+    redacted,
+    running_url,
+)
 from ..storage.feed import FeedLimits
 
 log = logging.getLogger("prompt_outbox.cli")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_SIZE_UNITS = {"kb": 1024, "mb": 1024**2, "gb": 1024**3}
+
+
+class ByteSize(click.ParamType[int, Any]):
+    """A size in bytes: a whole number, or with kb / mb / gb (powers of 1024, as Valkey reads
+    them)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        unit = _SIZE_UNITS.get(text[-2:], 1)
+        number = text[:-2] if unit > 1 else text
+        if not number.isdigit():
+            self.fail(f"{value!r} is not a size (e.g. 2gb, 512mb, or bytes)", param, ctx)
+        return int(number) * unit
+
+
 def storage_options(command: F) -> F:
-    """--valkey-url / --data-dir / --tunables, shared by every command."""
+    """--valkey-url / --data-dir / --valkey-maxmemory / --tunables, shared by every command."""
     for option in reversed(
         [
             click.option(
@@ -41,6 +67,14 @@ def storage_options(command: F) -> F:
                 envvar="PROMPT_OUTBOX_DATA_DIR",
                 type=click.Path(path_type=Path),
                 help="the embedded Valkey's data",
+            ),
+            click.option(
+                "--valkey-maxmemory",
+                type=ByteSize(),
+                envvar="PROMPT_OUTBOX_VALKEY_MAXMEMORY",
+                help="the embedded Valkey's maxmemory when this command starts it (e.g. 2gb; "
+                "0: none); default a quarter of the memory, at most 4gb. Accepts stop at "
+                "accept_memory_ratio of it",
             ),
             click.option(
                 "--tunables",
@@ -115,6 +149,7 @@ async def open_outbox(
     tunables_json: str | None = None,
     durability: Durability | None = None,
     feed: FeedLimits | None = None,
+    valkey_maxmemory: int | None = None,
 ) -> AsyncIterator[Outbox]:
     """An Outbox on the configured Valkey (see ``open_valkey``) with the given tunables.
     With ``durability`` (serve, worker), the level in force is decided and logged first.
@@ -122,7 +157,7 @@ async def open_outbox(
     tunables = _tunables(tunables_json, durability)
     # A blocked WAITAOF answers at durability_timeout: the socket must wait longer than that.
     socket_timeout = max(10.0, tunables.durability_timeout + 5.0)
-    async with open_valkey(valkey_url, data_dir, socket_timeout) as client:
+    async with open_valkey(valkey_url, data_dir, socket_timeout, valkey_maxmemory) as client:
         outbox = Outbox(client, tunables, feed=feed)
         if durability is not None:
             await _check_durability(outbox, durability.strict_durability)
@@ -148,22 +183,33 @@ async def _check_durability(outbox: Outbox, strict: bool) -> None:
 
 @contextlib.asynccontextmanager
 async def open_valkey(
-    valkey_url: str | None, data_dir: Path, socket_timeout: float = 10.0
+    valkey_url: str | None,
+    data_dir: Path,
+    socket_timeout: float = 10.0,
+    maxmemory: int | None = None,
 ) -> AsyncIterator[Client]:
     """A client on the configured Valkey. Without a URL: attach to the embedded server
-    running on ``data_dir``, or start one for as long as the block runs."""
+    running on ``data_dir`` (with the password kept there), or start one (with
+    ``maxmemory``, bytes) for as long as the block runs. URLs are logged without password."""
     embedded: EmbeddedValkey | None = None
-    url = valkey_url or running_url(data_dir)
-    if url is None:
-        embedded = EmbeddedValkey(data_dir)
-        try:
+    try:
+        url = valkey_url or running_url(data_dir)
+        if url is None:
+            embedded = EmbeddedValkey(data_dir, maxmemory=maxmemory)
             embedded.start()
-        except DataDirInUse as exc:
-            raise click.ClickException(str(exc)) from None
-        url = embedded.url
-        log.info("embedded Valkey on %s, data in %s", url, embedded.data_dir)
-    elif valkey_url is None:
-        log.info("using the embedded Valkey already running on %s (%s)", data_dir, url)
+            url = embedded.url
+            log.info(
+                "embedded Valkey on %s (maxmemory %d bytes), data in %s",
+                redacted(url),
+                embedded.maxmemory,
+                embedded.data_dir,
+            )
+        elif valkey_url is None:
+            log.info(
+                "using the embedded Valkey already running on %s (%s)", data_dir, redacted(url)
+            )
+    except (DataDirInUse, UnsafeDataDir) as exc:
+        raise click.ClickException(str(exc)) from None
     client = connect(url, socket_timeout=socket_timeout, socket_connect_timeout=5)
     try:
         yield client
