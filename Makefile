@@ -48,7 +48,9 @@ chaos: $(STAMP)
 # transition against the queue's length (bench/transitions.py); round trips per delivered
 # prompt against a no-op script's raw rate (bench/roundtrips.py); HTTP accepts of serve against
 # a bare FastAPI+RPUSH route per server stack (bench/http.py; its first run installs autocannon
-# with npm ci into bench/load/node_modules); end-to-end throughput, memory and latency against
+# with npm ci into bench/load/node_modules); serve's memory with event streams that never read
+# and large edits, bounded in bytes against in events only (bench/stalled.py); end-to-end
+# throughput, memory and latency against
 # SAQ, BullMQ, streaq and arq (bench/peers; its first run installs each peer into a venv of
 # its own under .cache/, about half a minute). Tables go to the terminal and bench-report.md;
 # each target's verdict to bench-results.jsonl, from which bench/summary.py writes the targets
@@ -60,6 +62,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.transitions --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.roundtrips --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.http --out bench-report.md --results bench-results.jsonl
+	$(BIN)/python -m bench.stalled --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.peers --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.summary --results bench-results.jsonl --doc docs/performance.md
 

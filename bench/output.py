@@ -10,7 +10,10 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
+
+import httpx
 
 
 def publish(markdown: str, out: Path | None) -> None:
@@ -42,6 +45,18 @@ def verdict(
     row = {"target": target, "bar": bar, "ours": ours, "peers": peers, "met": met, "note": note}
     with results.open("a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def wait_ready(port: int, within: float = 30.0) -> None:
+    """Wait until a server started on 127.0.0.1:``port`` answers ``/readyz`` with 200."""
+    deadline = time.monotonic() + within
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError("serve did not become ready")
+        time.sleep(0.05)
 
 
 def stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:

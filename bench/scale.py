@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import valkey.asyncio as valkey_async
 
-from bench.output import stop_group, verdict
+from bench.output import stop_group, verdict, wait_ready
 from prompt_outbox import Entry, Outbox, Tunables
 from prompt_outbox.core.callbacks import Wiring
 from prompt_outbox.core.keys import buckets
@@ -218,14 +218,7 @@ def serve(url: str, port: int) -> Iterator[None]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("serve did not become ready")
-            time.sleep(0.05)
+        wait_ready(port)
         yield
     finally:
         stop_group(proc, 30)
