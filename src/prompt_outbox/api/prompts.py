@@ -307,9 +307,10 @@ def _check_size(body: bytes) -> None:
 
 
 def _object_fields(body: bytes) -> dict[str, tuple[Any, str]]:
-    """A JSON object body's fields: each (value, raw JSON text), or a 400."""
+    """A JSON object body's fields: each (value, raw JSON text), or a 400 (NaN and Infinity,
+    which Python's json would take, included: they are not JSON)."""
     try:
-        return raw_object_fields(body.decode("utf-8"))
+        return raw_object_fields(body.decode("utf-8"), strict=True)
     except UnicodeDecodeError:
         raise ApiError(400, "invalid_json", "the body is not UTF-8") from None
     except (ValueError, RecursionError) as exc:

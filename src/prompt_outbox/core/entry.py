@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -105,11 +106,44 @@ _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
-def raw_object_fields(raw: str) -> dict[str, tuple[Any, str]]:
+def _not_json(name: str) -> Any:
+    raise EntryDecodeError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
+def is_finite_json(value: Any) -> bool:
+    """Whether a decoded JSON value holds only numbers every JSON parser reads as finite: no
+    NaN or Infinity (which Python's json takes), and none past a double's range (``1e999``, or
+    an integer of 309 digits: JSON.parse makes them Infinity, which JSON.stringify writes as
+    null)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return False
+        elif isinstance(v, int) and v.bit_length() > 1000:  # far below: always finite
+            try:
+                float(v)
+            except OverflowError:
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
+
+
+def raw_object_fields(raw: str, *, strict: bool = False) -> dict[str, tuple[Any, str]]:
     """Split a JSON object into {key: (decoded value, raw value text)} at the top level only.
 
     The raw text is what lets ``model`` survive unchanged: json.loads would re-encode it.
+    ``strict``: NaN, Infinity and -Infinity (which Python's json takes) are refused anywhere,
+    as the JSON they are not (what a client sends; stored entries are read as they are).
     """
+    decoder = _STRICT_DECODER if strict else _DECODER
     out: dict[str, tuple[Any, str]] = {}
     i = _WS.match(raw, 0).end()  # type: ignore[union-attr]
     if raw[i : i + 1] != "{":
@@ -126,7 +160,7 @@ def raw_object_fields(raw: str) -> dict[str, tuple[Any, str]]:
             if raw[i : i + 1] != ":":
                 raise EntryDecodeError(f"expected ':' at offset {i}")
             i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
-            value, end = _DECODER.raw_decode(raw, i)
+            value, end = decoder.raw_decode(raw, i)
             out[key] = (value, raw[i:end])
             i = _WS.match(raw, end).end()  # type: ignore[union-attr]
             sep = raw[i : i + 1]
@@ -179,6 +213,10 @@ def decode_entry(raw: str) -> Entry:
     except ValueError as exc:
         raise EntryDecodeError(f"entry has an unknown status: {exc}") from exc
     model = None if fields.get("model") is None else raw_object_fields(raw)["model"][1]
+    if model is not None and not is_finite_json(fields["model"]):
+        # Stored before accept refused it (``validate.check_model``): kept, as a JSON string
+        # of its raw text, so a List, an event or a webhook body stays JSON every parser reads.
+        model = json.dumps(model)
     return Entry(
         id=entry_id,
         client_message_id=get("clientMessageID", str, ""),

@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any, Literal
 
+from .entry import is_finite_json
 from .errors import InvalidInput, TextTooLarge
 
 MAX_TEXT_BYTES = 100 * 1024
@@ -77,6 +78,9 @@ def check_model(model: object) -> str | None:
     """The model selector is raw JSON text, kept byte for byte; None means "the default".
 
     Whitespace around the value is not part of it and is dropped; JSON ``null`` means None.
+    Only finite JSON is taken: NaN, Infinity, -Infinity, and numbers past a double's range
+    (``1e999``) are refused (``entry.is_finite_json``), since a browser's JSON.parse could not
+    read a List holding them, or would read them as Infinity.
     """
     if model is None:
         return None
@@ -97,6 +101,11 @@ def check_model(model: object) -> str | None:
         return None
     if _depth(parsed) > MAX_MODEL_DEPTH:
         raise InvalidInput(f"model JSON nests deeper than {MAX_MODEL_DEPTH}")
+    if not is_finite_json(parsed):
+        raise InvalidInput(
+            "model must be finite JSON: NaN, Infinity and numbers past a double's range "
+            "(like 1e999) are not numbers every JSON parser reads"
+        )
     return model
 
 
