@@ -141,6 +141,8 @@ HOSTILE_IDS = {
     "unicode": "café",
     "emoji": "\U0001f4a5",
     "empty": "",
+    "dot": ".",  # a path segment a URL normaliser removes (sent as %2E: see bad_requests)
+    "dots": "..",
 }
 
 ROUTES = [  # (method, path with {ws} {ses} {id} holes, JSON body)
@@ -165,7 +167,9 @@ def bad_requests(bad: str) -> list[tuple[str, str, object]]:
                 continue
             path = template
             for other, good in (("{ws}", "acme"), ("{ses}", "chat-1"), ("{id}", "e1")):
-                path = path.replace(other, quote(bad, safe="") if other == hole else good)
+                # A dot percent-encoded too: a client would remove a "." or ".." segment.
+                encoded = quote(bad, safe="").replace(".", "%2E")
+                path = path.replace(other, encoded if other == hole else good)
             out.append((method, path, body))
     return out
 

@@ -731,7 +731,7 @@ export interface operations {
                     "application/json": components["schemas"]["MeOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -801,7 +801,7 @@ export interface operations {
                     "application/json": components["schemas"]["WorkspacePage"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -871,7 +871,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -939,7 +939,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1007,7 +1007,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1075,7 +1075,7 @@ export interface operations {
                     "application/json": components["schemas"]["Ticket"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1149,7 +1149,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1222,7 +1222,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionPage"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1292,7 +1292,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1362,7 +1362,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1439,7 +1439,7 @@ export interface operations {
                     "text/event-stream": unknown;
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1518,7 +1518,7 @@ export interface operations {
                     "application/json": components["schemas"]["EntryList"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1629,7 +1629,7 @@ export interface operations {
                     "application/json": components["schemas"]["Accepted"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1726,7 +1726,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1825,7 +1825,7 @@ export interface operations {
                     "application/json": components["schemas"]["EditedOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1924,7 +1924,7 @@ export interface operations {
                     "application/json": components["schemas"]["Retried"];
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2012,7 +2012,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2082,7 +2082,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^[A-Za-z0-9._-]{1,128}$, a body that is not JSON, bad values; for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
             400: {
                 headers: {
                     [name: string]: unknown;

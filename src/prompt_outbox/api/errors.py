@@ -27,7 +27,7 @@ from ..core.errors import (
     TextTooLarge,
     WorkspaceFull,
 )
-from ..core.keys import ID_PATTERN, check_id
+from ..core.keys import ID_PATTERN, MAX_ID_LENGTH, check_id
 from ..storage.store import UNAVAILABLE
 from .params import PATH_IDS
 
@@ -57,7 +57,9 @@ class ErrorBody(BaseModel):
 
 
 ERROR_WHY = {
-    400: f"bad input: an ID not matching {ID_PATTERN}, a body that is not JSON, bad values; "
+    400: f"bad input: an ID not matching {ID_PATTERN} or over {MAX_ID_LENGTH} characters, "
+    "a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, "
+    "Infinity or a number past a double's range); "
     "for an accept, an Idempotency-Key that is not a key, or one that differs from "
     "clientMessageID",
     401: "no valid bearer token",

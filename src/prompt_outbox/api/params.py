@@ -3,16 +3,21 @@ OpenAPI states the rule and a bad ID is refused before a handler runs) and the O
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 
-from ..core.keys import ID_PATTERN
+from ..core.keys import ID_PATTERN, MAX_ID_LENGTH
 from ..outbox import Outbox
 
-WorkspaceId = Annotated[str, Path(pattern=ID_PATTERN, description="workspace ID")]
-SessionId = Annotated[str, Path(pattern=ID_PATTERN, description="session ID")]
-EntryId = Annotated[str, Path(pattern=ID_PATTERN, description="entry ID")]
+
+def _id(kind: str) -> Any:
+    return Path(pattern=ID_PATTERN, max_length=MAX_ID_LENGTH, description=kind)
+
+
+WorkspaceId = Annotated[str, _id("workspace ID")]
+SessionId = Annotated[str, _id("session ID")]
+EntryId = Annotated[str, _id("entry ID")]
 
 PATH_IDS = {"ws": "workspace ID", "ses": "session ID", "entry_id": "entry ID"}
 """Path parameter -> the ID kind the library names in its InvalidId message."""

@@ -9,9 +9,15 @@ from dataclasses import dataclass
 
 from .errors import InvalidId, InvalidInput
 
-ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
-"""Workspace, session and entry IDs. Braces, colons and whitespace would break the key layout
-(or reach another tenant's keys). The HTTP API declares this same pattern in its OpenAPI."""
+ID_PATTERN = r"^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$"
+"""Workspace, session and entry IDs: 1 to ``MAX_ID_LENGTH`` characters of ``[A-Za-z0-9._-]``,
+not only dots. Braces, colons and whitespace would break the key layout (or reach another
+tenant's keys); ``.`` and ``..`` are path segments a URL normaliser removes (an agent server
+would get ``/session/../message`` as ``/message``). The HTTP API declares this same pattern,
+with ``maxLength``, in its OpenAPI (no look-ahead: neither pydantic's regex engine nor every
+JSON Schema tool has one)."""
+
+MAX_ID_LENGTH = 128
 
 CLIENT_MESSAGE_ID_PATTERN = r"^[!-~]{1,256}$"
 """A clientMessageID is an opaque dedupe key: 1-256 visible ASCII characters (no spaces)."""
@@ -98,8 +104,11 @@ def buckets() -> list[BucketKeys]:
 
 def check_id(kind: str, value: object) -> str:
     """Return ``value`` if it is a safe workspace / session / entry ID, else raise InvalidId."""
-    if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise InvalidId(f"{kind} must match [A-Za-z0-9._-]{{1,128}}, got {value!r}")
+    if not isinstance(value, str) or len(value) > MAX_ID_LENGTH or not _ID.fullmatch(value):
+        raise InvalidId(
+            f"{kind} must be 1-{MAX_ID_LENGTH} characters of [A-Za-z0-9._-], not only dots, "
+            f"got {value!r}"
+        )
     return value
 
 
