@@ -134,9 +134,13 @@ async def test_the_api_answers_storage_full_503_with_retry_after(
 
 async def test_no_maxmemory_no_ceiling(client: Client, clock: ManualClock) -> None:
     node = node_of(client, WS)
-    assert (await memory(client, node))["max"] == 0
-    outbox = Outbox(client, replace(TUNABLES, accept_memory_ratio=0.001), clock=clock)
-    await outbox.accept(WS, "s1", "u", "a", TEXT)
+    before = (await memory(client, node))["max"]
+    await on_node(client, node, "CONFIG", "SET", "maxmemory", "0")
+    try:
+        outbox = Outbox(client, replace(TUNABLES, accept_memory_ratio=0.001), clock=clock)
+        await outbox.accept(WS, "s1", "u", "a", TEXT)
+    finally:
+        await on_node(client, node, "CONFIG", "SET", "maxmemory", str(before))
 
 
 async def info_calls(client: Client, node: Any) -> int:
@@ -163,3 +167,16 @@ async def test_the_reading_is_cached_per_node_for_its_interval(client: Client) -
     second = await info_calls(client, node)
     # Each info_calls is an INFO too (counted by the next one): the gauge read once, then once.
     assert (first - before, second - first) == (2, 2)
+
+
+async def test_the_first_reading_is_taken_before_the_first_accept(
+    client: Client, clock: ManualClock
+) -> None:
+    # check_durability reads every primary, so the first accepts send no INFO of their own.
+    outbox = Outbox(client, replace(TUNABLES, memory_check_interval=3600.0), clock=clock)
+    await outbox.check_durability()
+    node = node_of(client, WS)
+    before = await info_calls(client, node)
+    for i in range(20):
+        await outbox.accept(WS, "s1", "u", f"c{i}", "hello")
+    assert await info_calls(client, node) - before == 1  # info_calls' own INFO

@@ -150,6 +150,7 @@ class Outbox:
                 )
                 self._wait = WaitAof.for_level(report.level, t.durability_timeout)
                 await self._store.load_scripts()
+                await self._store.memory.prime()  # the first accepts need not read it
                 self._durability = report
             return self._durability
 

@@ -61,6 +61,15 @@ class MemoryCeiling:
         self._reads: dict[str, asyncio.Lock] = {}
         self._unreadable: set[str] = set()
 
+    async def prime(self) -> None:
+        """Read every primary now (``Outbox.check_durability`` does, before the first accept),
+        so that no accept of the first interval pays the read."""
+        if not isinstance(self.client, ValkeyCluster):
+            await self._read(None, "")
+            return
+        for node in self.client.get_primaries():
+            await self._read(node, str(node.name))
+
     async def over(self, k: SessionKeys) -> Memory | None:
         """The reading of the node that owns the session's slot if accepts must stop there,
         else None."""
