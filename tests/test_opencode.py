@@ -4,19 +4,30 @@ back, and the response classes."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import valkey.asyncio as valkey_async
 
 from prompt_outbox import Entry, Outbox, Status, Verdict
+from prompt_outbox.core.errors import InvalidId
 from prompt_outbox.deliver import OpencodeDeliverer, OpencodeTarget, template_targets
-from prompt_outbox.deliver.opencode import message_id, model_selector, part_id, static_targets
+from prompt_outbox.deliver.opencode import (
+    InvalidTarget,
+    load_targets,
+    message_id,
+    model_selector,
+    part_id,
+    static_targets,
+)
 from prompt_outbox.embedded import free_port
 from tests.conftest import FAST, eventually, holds
 from tests.fake_model import FakeModel
@@ -267,3 +278,113 @@ def test_serve_delivers_to_opencode_through_the_api(
             time.sleep(0.1)
     assert [texts for _, texts in user_messages(opencode, ses)] == [[text]]
     assert fake_model.user_turns(text) == 1
+
+
+# -- path segments (issue 22, finding 8): against a real HTTP server that records each path --
+
+
+@contextlib.contextmanager
+def recording_agent() -> Iterator[tuple[str, list[tuple[str, str]]]]:
+    """A real HTTP server on loopback answering every request 200 (an empty transcript for a
+    GET), recording each request's method and path exactly as it came on the wire."""
+    seen: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.command, self.path))
+            body = b"[]" if self.command == "GET" else b'{"info":{}}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _entry(entry_id: str = "e1") -> Entry:
+    now = datetime.now(UTC)
+    return Entry(entry_id, "c1", "u", "hi", now, last_attempt_at=now)
+
+
+async def test_the_agent_gets_each_session_id_as_one_encoded_path_segment() -> None:
+    with recording_agent() as (url, seen):
+        targets = static_targets(
+            {
+                (WS, "a.b"): OpencodeTarget(url, "a.b"),
+                (WS, "odd"): OpencodeTarget(url, "ses x%y"),  # a hand-written map's odd ID
+            }
+        )
+        deliverer = OpencodeDeliverer(targets)
+        try:
+            await deliverer(WS, "a.b", _entry())
+            await deliverer.abort(WS, "a.b")
+            assert await deliverer.verify(WS, "a.b", _entry()) is Verdict.ABSENT
+            await deliverer(WS, "odd", _entry())
+        finally:
+            await deliverer.aclose()
+        templated = OpencodeDeliverer(template_targets(url + "/agents/{workspace}/{session}"))
+        try:
+            await templated(WS, "a.b", _entry())
+        finally:
+            await templated.aclose()
+    assert seen == [
+        ("POST", "/session/a.b/message"),
+        ("POST", "/session/a.b/abort"),
+        ("GET", "/session/a.b/message?limit=500"),
+        ("POST", "/session/ses%20x%25y/message"),
+        ("POST", "/agents/ws/a.b/session/a.b/message"),
+    ]
+
+
+@pytest.mark.parametrize("bad", ["..", ".", "", "a/b", "../x", "s?x=1", "s#frag"])
+def test_a_target_that_is_not_one_path_segment_is_refused_up_front(bad: str) -> None:
+    with pytest.raises(InvalidTarget, match="not one path segment"):
+        static_targets({(WS, "s1"): OpencodeTarget("http://127.0.0.1:1", bad)})
+    with pytest.raises(InvalidTarget):  # a session template that yields it
+        template_targets("http://127.0.0.1:1", bad + "{session}" if "/" in bad else bad)
+
+
+def test_a_targets_file_with_a_dots_session_is_refused_with_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "targets.json"
+    path.write_text('{"ws/s1": {"url": "http://127.0.0.1:1", "session": ".."}}')
+    with pytest.raises(InvalidTarget, match="ws/s1"):
+        load_targets(str(path))
+
+
+async def test_dots_ids_never_reach_the_agent(client: valkey_async.Valkey) -> None:
+    outbox = Outbox(client, TUNABLES)
+    for bad in (".", "..", "..."):  # our own IDs: refused at the door
+        with pytest.raises(InvalidId):
+            await outbox.accept(WS, bad, "u", "c1", "hi")
+        with pytest.raises(InvalidId):
+            await outbox.accept(bad, "s1", "u", "c1", "hi")
+    with recording_agent() as (url, seen):
+
+        async def resolver(ws: str, ses: str) -> OpencodeTarget:  # a caller's own mapping
+            return OpencodeTarget(url, "..")
+
+        deliverer = OpencodeDeliverer(resolver)
+        try:
+            await outbox.accept(WS, "s1", "u", "c1", "hi")
+            assert await outbox.deliver_once(WS, "s1", deliverer)
+        finally:
+            await deliverer.aclose()
+    # A definitive failure that says why; nothing reached the agent (today's code POSTed to
+    # /message, the ID's segment normalised away).
+    [entry] = await outbox.list(WS, "s1")
+    assert (entry.attempts, "not one path segment" in entry.last_error) == (1, True)
+    assert seen == []

@@ -3,6 +3,7 @@
 # The signature scheme lives in the core (the receiver's check shares it): named here too.
 from ..core.signature import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from .opencode import (
+    InvalidTarget,
     OpencodeDeliverer,
     OpencodeTarget,
     TargetResolver,
@@ -15,6 +16,7 @@ from .webhook import WebhookDeliverer
 __all__ = [
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
+    "InvalidTarget",
     "OpencodeDeliverer",
     "OpencodeTarget",
     "TargetResolver",

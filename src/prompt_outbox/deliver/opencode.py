@@ -17,6 +17,10 @@ own ID layout (from the attempt's ``lastAttemptAt``, so the message sorts after 
 already holds) and a suffix derived from the entry ID alone. The verifier looks the suffix up
 in ``GET {base}/session/{id}/message``, so any attempt of the entry that persisted is found;
 failing that, it matches the text of a user message created after ``lastAttemptAt``.
+
+Every path segment built from an ID is percent-encoded (``session_path``), and an opencode
+session ID that cannot be one segment (empty, only dots, or holding ``/``, ``?``, ``#``) is
+refused: a client normalises ``/session/../message`` to ``/message``, another route.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -56,24 +61,50 @@ TargetResolver = Callable[[str, str], Awaitable[OpencodeTarget] | OpencodeTarget
 """``(workspace, session) -> OpencodeTarget`` (sync or async); raising means "no target"."""
 
 
-def template_targets(base_url: str, session_template: str = "{session}") -> TargetResolver:
-    """One URL template and one session-ID template, filled with ``{workspace}``/``{session}``.
+class InvalidTarget(ValueError):
+    """An opencode session ID that cannot be one URL path segment."""
 
-    The default maps our session ID to the opencode session of the same ID on one server.
-    """
+
+def session_path(session_id: str) -> str:
+    """``session_id`` as one percent-encoded path segment, or InvalidTarget: it must not be
+    empty, only dots (a client removes ``.`` and ``..`` segments), or hold ``/``, ``?`` or
+    ``#`` (which percent-encoding would hide, but which no opencode session ID holds: such an
+    ID is a misconfigured template or map)."""
+    if not session_id.strip(".") or any(c in session_id for c in "/?#"):
+        raise InvalidTarget(
+            f"opencode session ID {session_id!r} is not one path segment (empty, only dots, "
+            "or holding '/', '?' or '#')"
+        )
+    return quote(session_id, safe="")
+
+
+def template_targets(base_url: str, session_template: str = "{session}") -> TargetResolver:
+    """One URL template and one session-ID template, filled with ``{workspace}``/``{session}``
+    (percent-encoded in the URL). The default maps our session ID to the opencode session of
+    the same ID on one server. A session template that cannot yield one path segment
+    (``a/{session}``) is an InvalidTarget here."""
+    session_path(session_template.format(workspace="w", session="s"))
 
     def resolve(ws: str, ses: str) -> OpencodeTarget:
-        return OpencodeTarget(
-            base_url.format(workspace=ws, session=ses),
+        target = OpencodeTarget(
+            base_url.format(workspace=quote(ws, safe=""), session=quote(ses, safe="")),
             session_template.format(workspace=ws, session=ses),
         )
+        session_path(target.session_id)
+        return target
 
     return resolve
 
 
 def static_targets(mapping: Mapping[tuple[str, str], OpencodeTarget]) -> TargetResolver:
-    """A fixed map of ``(workspace, session) -> target``; an unmapped session is an error."""
+    """A fixed map of ``(workspace, session) -> target``; an unmapped session is an error, a
+    target whose session ID cannot be a path segment an InvalidTarget here."""
     table = dict(mapping)
+    for (ws, ses), target in table.items():
+        try:
+            session_path(target.session_id)
+        except InvalidTarget as exc:
+            raise InvalidTarget(f"the target of {ws}/{ses}: {exc}") from None
 
     def resolve(ws: str, ses: str) -> OpencodeTarget:
         try:
@@ -179,9 +210,17 @@ class OpencodeDeliverer:
         try:
             found = self._targets(ws, ses)
             return await found if inspect.isawaitable(found) else found
+        except InvalidTarget:
+            raise  # a misconfiguration, not a passing failure: definitive
         except Exception as exc:
             # The seed's own example of a transient failure: the endpoint could not be resolved.
             raise transient(exc) from exc
+
+    async def _url(self, ws: str, ses: str, tail: str) -> str:
+        """``{base}/session/{id}/{tail}`` of our session's target, the ID one encoded segment
+        (InvalidTarget, definitive, if it cannot be one: a resolver of the caller's own)."""
+        target = await self._target(ws, ses)
+        return f"{target.base_url.rstrip('/')}/session/{session_path(target.session_id)}/{tail}"
 
     async def __call__(self, ws: str, ses: str, entry: Entry) -> None:
         body: dict[str, Any] = {
@@ -190,8 +229,7 @@ class OpencodeDeliverer:
         }
         if (model := model_selector(entry.model)) is not None:
             body["model"] = model
-        target = await self._target(ws, ses)
-        url = f"{target.base_url.rstrip('/')}/session/{target.session_id}/message"
+        url = await self._url(ws, ses, "message")
         try:
             response = await self._client.post(url, json=body)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -211,9 +249,7 @@ class OpencodeDeliverer:
         """Abort the session's turn in flight (whileBusy interrupt): ``POST /session/{id}/abort``.
         The turn's own send then answers 200 (``MessageAbortedError``): its prompt is in the
         transcript, so it counts as delivered and is never sent again."""
-        target = await self._target(ws, ses)
-        url = f"{target.base_url.rstrip('/')}/session/{target.session_id}/abort"
-        response = await self._client.post(url)
+        response = await self._client.post(await self._url(ws, ses, "abort"))
         if response.status_code >= 300:
             raise RuntimeError(f"opencode answered {response.status_code} to the abort")
 
@@ -233,10 +269,8 @@ class OpencodeDeliverer:
         """DELIVERED if an attempt of the entry is in the transcript, ABSENT if provably not,
         INCONCLUSIVE when opencode cannot be read or the window is older than what was read."""
         try:
-            target = await self._target(ws, ses)
             response = await self._client.get(
-                f"{target.base_url.rstrip('/')}/session/{target.session_id}/message",
-                params={"limit": self._limit},
+                await self._url(ws, ses, "message"), params={"limit": self._limit}
             )
         except Exception as exc:
             log.info("opencode transcript unreadable: %s", exc, extra={"entry": entry.id})
