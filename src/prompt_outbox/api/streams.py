@@ -3,8 +3,9 @@
 Every open stream costs the process a follower of its shared event feed (``storage/feed.py``,
 docs/design.md "Streams share connections"): no Valkey connection of its own (the process's
 streams share one subscription connection per node and a bounded pool of reads), but a task,
-a shard-channel subscription and a buffer of at most ``FeedLimits.max_behind`` unread events.
-These bounds cap that memory and work. Past ``per_process`` a new stream gets 503 (this replica
+a shard-channel subscription and a buffer of at most ``FeedLimits.max_behind`` unread events
+and ``max_behind_bytes`` bytes (``max_buffered_bytes`` for all of them). These bounds cap how
+many there are. Past ``per_process`` a new stream gets 503 (this replica
 is full: retry later, or on another one); past ``per_token`` a 429 (this caller holds too many:
 close one). Both carry ``Retry-After``. A stream gives its slot back however it ends.
 """
