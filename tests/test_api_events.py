@@ -331,3 +331,27 @@ def test_an_id_or_event_name_can_never_hold_a_line_break() -> None:
         with pytest.raises(ValueError, match="line break"):
             message(event_id, event, "{}")
     assert message("5-0", "e", "{\r\n}") == "id: 5-0\nevent: e\ndata: {\ndata: }\n\n"
+
+
+async def test_a_stream_holds_its_reset_only_while_it_is_sent() -> None:
+    """A stream lives for hours, and its first message is the whole queue: once sent, the
+    generator keeps neither the reset nor its text (it kept both for the stream's life)."""
+    now = datetime.now(UTC)
+    reset = QueueReset("5-0", [Entry(f"e{n}", f"c{n}", "u", "x" * 1000, now) for n in range(3)])
+
+    async def quiet_forever() -> AsyncIterator[Item]:
+        while True:
+            yield None
+
+    async def connected() -> bool:
+        return False
+
+    stream = event_stream(reset, quiet_forever(), connected)
+    try:
+        assert (await anext(stream)).startswith("retry:")
+        assert await anext(stream) == format_item(reset)
+        assert await anext(stream) == ": keepalive\n\n"  # suspended again, past the reset
+        held = stream.ag_frame.f_locals  # type: ignore[attr-defined]
+        assert (held["first"], held["message"]) == (None, "")
+    finally:
+        await stream.aclose()

@@ -383,3 +383,18 @@ def test_feed_limits_refuse_nonsense_byte_bounds() -> None:
     for bad in ({"max_behind_bytes": 0}, {"max_buffered_bytes": -1}, {"max_behind_bytes": 1.5}):
         with pytest.raises(ValueError, match=r"FeedLimits\.max_"):
             FeedLimits(**bad)  # type: ignore[arg-type]
+
+
+async def test_a_watch_holds_no_copy_of_its_opening_queue(outbox: Outbox) -> None:
+    """The snapshot a watch opens with is the whole queue (up to cap entries of 100 KB): once
+    its reset is handed out, the watch keeps following without it."""
+    for n in range(3):
+        await outbox.accept(WS, SES, "u", f"c{n}", "x" * 10_000)
+    stream = outbox.watch(WS, SES, poll=0.05)
+    try:
+        reset = await anext(stream)
+        assert isinstance(reset, QueueReset) and len(reset.entries) == 3
+        assert await anext(stream) is None  # following now: quiet
+        assert "snap" not in stream.ag_frame.f_locals  # type: ignore[attr-defined]
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]

@@ -307,6 +307,7 @@ class Outbox:
         if position is None or missed_events(position, snap.log, ttl_ms):
             position = snap.log.position()
             yield QueueReset(position, self._listed(snap))
+        del snap  # the whole queue: a stream lives for hours, and this frame as long
         with self._feed.follow(k, position) as follower:
             while True:
                 # One event at a time: what the caller has not taken stays in the follower's

@@ -84,8 +84,11 @@ async def event_stream(
     the stream; the client resumes by its ID."""
     yield f"retry: {RETRY_MS}\n\n"
     if first is not None:
-        for piece in pieces(format_item(first)):
+        # Held only while it is sent: a reset is the whole queue, and a stream lives for hours.
+        message, first = format_item(first), None
+        for piece in pieces(message):
             yield piece
+        message = ""
     quiet = 0
     try:
         async for item in items:
