@@ -32,6 +32,7 @@ TOKENS = TokenTable.from_json(
     )
 )
 ALICE = {"Authorization": "Bearer alice-token"}
+JSON_BODY = {"Content-Type": "application/json"}
 URL = "/v1/workspaces/acme/sessions/chat-1/prompts"
 
 
@@ -43,7 +44,10 @@ async def serve(
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     await eventually(lambda: _started(server))
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+    # Every body here is JSON, so the client says so (api/guard.py: 415 otherwise).
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=10, headers=JSON_BODY
+    ) as http:
         yield http
     server.should_exit = True
     await task
@@ -346,7 +350,9 @@ async def test_the_fast_accept_path_and_the_fastapi_route_answer_alike(outbox: O
     async def answers(root: str, session: str) -> list[tuple[int, Any]]:
         transport = httpx.ASGITransport(app=app, root_path=root)
         out = []
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=JSON_BODY
+        ) as client:
             for url, headers, body in cases:
                 r = await client.post(
                     root + url.replace("chat-1", session), content=body, headers=headers

@@ -18,6 +18,7 @@ from . import bulk, health, overview, prompts, tickets, workspaces
 from .auth import TokenTable
 from .errors import EXCEPTION_HANDLERS
 from .fast import AcceptFastPath
+from .guard import RequestGuard
 from .health import DEFAULT_COUNT_INTERVAL, EntryCounts
 from .limits import AcceptRates, RateLimit
 from .streams import StreamGate, StreamLimits
@@ -32,19 +33,25 @@ def create_app(
     cors_origins: Sequence[str] = (),
     accept_rate: RateLimit | None = None,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
+    api_docs: bool = False,
 ) -> FastAPI:
     """The API over ``outbox``; ``tokens`` decides who may touch which workspace;
     ``streams`` bounds the open event streams (per process, per token); ``cors_origins``
     are the origins (``https://app.example``) whose pages may call it from a browser;
     ``accept_rate`` bounds the accepts per second of each token (``RateLimit()``'s defaults
     when None; ``RateLimit(0)`` for none); ``count_interval`` is how often, at most, ``/metrics``
-    counts the entries by status (seconds; 0: never)."""
+    counts the entries by status (seconds; 0: never); ``api_docs`` serves Swagger UI and
+    ReDoc at ``/docs`` and ``/redoc`` (off by default: they load their code from a CDN, onto
+    this origin). With a disabled ``tokens`` (no auth), only loopback clients are served
+    (``guard``)."""
     # No trailing-slash redirects: an empty ID ("/prompts/") is a plain 404, not a 307.
     app = FastAPI(
         title="prompt-outbox",
         version=__version__,
         redirect_slashes=False,
         exception_handlers=EXCEPTION_HANDLERS,
+        docs_url="/docs" if api_docs else None,
+        redoc_url="/redoc" if api_docs else None,
     )
     app.state.outbox = outbox  # the routes reach it through params.get_outbox
     app.state.tokens = tokens  # auth.principal reads it
@@ -56,6 +63,8 @@ def create_app(
         app.include_router(router)
     mount_ui(app)  # the queue page, out of the OpenAPI
     app.add_middleware(AcceptFastPath)  # the hot route, answered before FastAPI routes it
+    # Outside it: a refused request reaches nothing; inside CORS, so refusals get its headers.
+    app.add_middleware(RequestGuard, loopback_only=tokens.disabled, origins=cors_origins)
     if cors_origins:  # added last, so outermost: the fast path's answers get the headers too
         app.add_middleware(
             CORSMiddleware,

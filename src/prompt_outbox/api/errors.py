@@ -63,12 +63,16 @@ ERROR_WHY = {
     "for an accept, an Idempotency-Key that is not a key, or one that differs from "
     "clientMessageID",
     401: "no valid bearer token",
-    403: "the token may not use this workspace (or the route needs an admin token)",
+    403: "the token may not use this workspace (or the route needs an admin token); with auth "
+    "off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that "
+    "is not loopback (nor a --cors-origin)",
     404: "no such entry",
     409: "busy: a delivery holds the session, try again shortly; for an edit, not_editable: "
     "the entry is being delivered or verified (or is parked); for an accept with whileBusy "
     "reject, session_busy: a prompt is waiting or being delivered, nothing written",
-    413: "the body or the text is too large",
+    413: "the body or the text is too large: body_too_large past the route's limit, judged "
+    "before the body is read (and before auth)",
+    415: "unsupported_media_type: a request body must be application/json",
     422: "a field is missing or of the wrong type; for an accept, idempotency_key_reused: the "
     "key was accepted for another text or model (its id), nothing written",
     429: "the session's outbox is full (or, for events, the token holds too many streams); "
@@ -86,7 +90,8 @@ _INPUT_STATUS = {TextTooLarge.code: 413}
 
 def errors(*extra: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI responses for the refusals of a /v1 route: the common ones plus ``extra``."""
-    codes = sorted({400, 401, 403, 422, 503, *extra})
+    # 413 and 415: the request guard's, on any route (a body over its limit, or not JSON).
+    codes = sorted({400, 401, 403, 413, 415, 422, 503, *extra})
     return {code: {"model": ErrorBody, "description": ERROR_WHY[code]} for code in codes}
 
 

@@ -13,7 +13,6 @@ on to FastAPI, whose route for it stays (and answers the same way) for the OpenA
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -24,11 +23,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..core.keys import check_id
 from .auth import authenticate
 from .errors import EXCEPTION_HANDLERS
-from .params import PATH_IDS
+from .params import PATH_IDS, route_pattern
 from .prompts import SESSION, accept_body
 
-# Starlette's {name} matches one non-empty segment: the same paths reach the same handler.
-_ACCEPT = re.compile(SESSION.replace("{ws}", "([^/]+)").replace("{ses}", "([^/]+)") + "/prompts")
+_ACCEPT = route_pattern(SESSION + "/prompts")
 
 Handler = Callable[[Request, Any], Coroutine[Any, Any, Response]]
 

@@ -3,6 +3,7 @@ OpenAPI states the rule and a bad ID is refused before a handler runs) and the O
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
@@ -21,6 +22,13 @@ EntryId = Annotated[str, _id("entry ID")]
 
 PATH_IDS = {"ws": "workspace ID", "ses": "session ID", "entry_id": "entry ID"}
 """Path parameter -> the ID kind the library names in its InvalidId message."""
+
+
+def route_pattern(template: str) -> re.Pattern[str]:
+    """The paths a route template (``/v1/workspaces/{ws}``) answers, for middleware that
+    looks before FastAPI routes: Starlette's ``{name}`` matches one non-empty segment, so the
+    same paths reach the same handler. Each ``{name}`` is a group, in order."""
+    return re.compile(re.sub(r"\{[a-z_]+\}", "([^/]+)", template))
 
 
 async def get_outbox(request: Request) -> Outbox:

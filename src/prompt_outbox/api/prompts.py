@@ -31,6 +31,8 @@ from .streams import GateDep, GatedStream
 from .tickets import StreamCaller
 
 MAX_BODY_BYTES = 2 * MAX_TEXT_BYTES  # text at the limit, JSON-escaped, plus the rest
+"""The accept's and the edit's body limit, enforced (413) by ``guard.RequestGuard`` before
+the body is read; every other route takes ``guard.SMALL_BODY_BYTES``."""
 REPLAYED = "Idempotent-Replayed"
 _KEY = re.compile(CLIENT_MESSAGE_ID_PATTERN)
 SESSION = "/v1/workspaces/{ws}/sessions/{ses}"
@@ -148,7 +150,6 @@ async def accept_body(
     """The accept route once auth and the path IDs passed: the caller's rate, then the body
     checked and accepted. ``key``: the Idempotency-Key header as sent, if any."""
     rates.take(caller)  # before the body is parsed: a flood costs a lookup per request
-    _check_size(body)
     cmid, text, model, while_busy = _parse_prompt(
         body, None if key is None else _idempotency_key(key)
     )
@@ -212,7 +213,6 @@ async def edit_prompt(
     409 ``busy`` (a delivery holds the session) or ``not_editable`` (staged, verifying or
     parked). An error entry stays in error until retried. Emits the event ``edited``."""
     body = await request.body()
-    _check_size(body)
     fields = _object_fields(body)
     text, model = fields.get("text", (None, ""))[0], fields.get("model", (None, None))[1]
     if "text" in fields and not isinstance(text, str):
@@ -298,12 +298,6 @@ def _idempotency_key(value: str) -> str:
             f"quoted string, got {value!r}",
         )
     return key
-
-
-def _check_size(body: bytes) -> None:
-    """413 for a body over MAX_BODY_BYTES: judged first, before anything in it."""
-    if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
 
 
 def _object_fields(body: bytes) -> dict[str, tuple[Any, str]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import ipaddress
 import json
 import logging
 import re
@@ -19,6 +18,7 @@ import click
 import uvicorn
 
 from ..api import RateLimit, StreamLimits, TokenTable, create_app
+from ..api.guard import is_loopback_host
 from ..api.health import DEFAULT_COUNT_INTERVAL
 from ..api.limits import DEFAULT_BURST, DEFAULT_RATE
 from ..api.streams import DEFAULT_PER_PROCESS, DEFAULT_PER_TOKEN
@@ -26,6 +26,7 @@ from ..outbox import Outbox
 from ..storage.connect import connect
 from ..storage.feed import MIB, FeedLimits
 from .delivery import Delivery, build_delivery, delivery_options
+from .heads import MAX_HEAD_BYTES, capped_protocol
 from .storage import Durability, durability_options, open_outbox, storage_options
 
 log = logging.getLogger("prompt_outbox.cli")
@@ -41,15 +42,6 @@ class _Server(uvicorn.Server):
 
     def request_exit(self) -> None:
         self.should_exit = True
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 LOOPS = ("auto", "uvloop", "asyncio")
@@ -112,6 +104,7 @@ async def run_api(
     cors_origins: tuple[str, ...] = (),
     accept_rate: RateLimit | None = None,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
+    api_docs: bool = False,
 ) -> None:
     """Serve the API until SIGINT / SIGTERM."""
     app = create_app(
@@ -121,12 +114,15 @@ async def run_api(
         cors_origins=cors_origins,
         accept_rate=accept_rate,
         count_interval=count_interval,
+        api_docs=api_docs,
     )
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
-        http=http,  # auto: httptools where installed, else h11
+        # uvicorn's protocol for --http (auto: httptools), the request head capped (heads.py).
+        http=capped_protocol(http),
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         access_log=access_log,
         timeout_graceful_shutdown=5,  # open event streams never end by themselves
     )
@@ -228,6 +224,15 @@ async def run_api(
     "repeat it, or give several in the variable, space-separated (none: same origin only)",
 )
 @click.option(
+    "--api-docs/--no-api-docs",
+    default=False,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_API_DOCS",
+    help="serve Swagger UI at /docs and ReDoc at /redoc: their code comes from a CDN "
+    "(cdn.jsdelivr.net, no integrity check) and runs on the API's origin, beside /ui/; "
+    "/openapi.json is served either way",
+)
+@click.option(
     "--loop",
     type=click.Choice(LOOPS),
     default="auto",
@@ -266,14 +271,20 @@ def serve(
     cors_origins: tuple[str, ...],
     loop: str,
     http_parser: str,
+    api_docs: bool,
     **delivery: str | float | None,
 ) -> None:
     """Run the HTTP API and the delivery workers in one process."""
     for origin in cors_origins:
         if origin != "*" and not _ORIGIN.fullmatch(origin):
             raise click.UsageError(f"--cors-origin wants scheme://host[:port], got {origin!r}")
-    if no_auth and not _is_loopback(host):
+    if no_auth and not is_loopback_host(host):
         raise click.UsageError("--no-auth is only allowed on a loopback --host")
+    if no_auth and "*" in cors_origins:
+        raise click.UsageError(
+            "--cors-origin '*' with --no-auth would let any web page call the API: name the "
+            "origins (loopback ones need none)"
+        )
     if not no_auth and tokens_file is None:
         raise click.UsageError("give --tokens FILE (or --no-auth for loopback development)")
     try:
@@ -310,6 +321,7 @@ def serve(
                 cors_origins=cors_origins,
                 accept_rate=RateLimit(accept_rate, accept_burst),
                 count_interval=metrics_count_interval,
+                api_docs=api_docs,
             )
 
     run_on(loop, main)

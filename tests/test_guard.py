@@ -1,0 +1,450 @@
+"""The HTTP edge (issue 22, findings 1, 2, 11): what a request must be
+before anything reads it (api/guard.py), the request head's caps (cli/heads.py), the API docs
+off by default, and the deadline on every answer (api/deadline.py).
+
+Through ``create_app`` on httpx's ASGI transport where that shows the rule; against a real
+``prompt-outbox serve`` for what only the real HTTP stack shows: the head caps, a body refused
+before it is sent, the connection closed, and the deadline while Valkey is frozen or gone."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prompt_outbox import Outbox
+from prompt_outbox.api import TokenTable, create_app
+from prompt_outbox.api.guard import SMALL_BODY_BYTES, is_loopback_authority
+from prompt_outbox.api.prompts import MAX_BODY_BYTES
+from prompt_outbox.cli.heads import MAX_HEAD_BYTES, MAX_LINE_BYTES
+from prompt_outbox.embedded import EmbeddedValkey, free_port
+from tests.test_api import ALICE, OPS, TOKENS, URL
+from tests.test_serve import BIN, service, wait_healthy
+
+NO_AUTH = TokenTable({}, disabled=True)
+JSON = {"Content-Type": "application/json"}
+DEV_URL = "/v1/workspaces/dev/sessions/main/prompts"
+DISMISS = "/v1/workspaces/dev/errors/dismiss"
+PROMPT = b'{"clientMessageID":"m1","text":"run rm -rf ~"}'
+
+Client = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@pytest.fixture
+def asgi(outbox: Outbox) -> Client:
+    """An httpx client on ``create_app(outbox, tokens, **options)``, no socket between."""
+
+    def make(
+        tokens: TokenTable = TOKENS, host: str = "127.0.0.1:8080", **options: Any
+    ) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+        transport = httpx.ASGITransport(app=create_app(outbox, tokens, **options))
+        return httpx.AsyncClient(transport=transport, base_url=f"http://{host}")
+
+    return make
+
+
+# -- finding 1: --no-auth serves loopback clients only ---------------------------------------
+
+
+async def test_no_auth_refuses_the_cross_site_requests_of_the_finding(
+    asgi: Client, outbox: Outbox
+) -> None:
+    # The finding's request: a page of evil.example reached through DNS rebinding (its name
+    # now resolves to 127.0.0.1), posting text/plain, which needs no CORS preflight.
+    evil = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
+    async with asgi(NO_AUTH) as http:
+        for path in (DEV_URL, DISMISS):
+            rebound = await http.post(
+                path, content=PROMPT, headers={**evil, "Host": "rebind.evil.example"}
+            )
+            assert (rebound.status_code, rebound.json()["error"]) == (403, "host_not_allowed")
+            assert rebound.headers["connection"] == "close"
+            # From the developer's own browser: the Host is loopback, the Origin gives it away.
+            cross = await http.post(path, content=PROMPT, headers=evil)
+            assert (cross.status_code, cross.json()["error"]) == (403, "origin_not_allowed")
+            # Not a page, but not JSON: 415, auth or no auth.
+            plain = await http.post(path, content=PROMPT, headers={"Content-Type": "text/plain"})
+            assert (plain.status_code, plain.json()["error"]) == (415, "unsupported_media_type")
+        assert await outbox.list("dev", "main") == []  # nothing was queued
+        # The same requests from a loopback page (or curl) with JSON go through.
+        mine = {**JSON, "Origin": "http://127.0.0.1:8080"}
+        assert (await http.post(DEV_URL, content=PROMPT, headers=mine)).status_code == 202
+        assert (await http.post(DISMISS, headers={"Origin": "http://localhost:3000"})).json() == {
+            "done": 0,
+            "busy": [],
+        }
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("LocalHost:8080", True),
+        ("127.0.0.1", True),
+        ("127.0.0.1:8080", True),
+        ("127.8.9.10:1", True),
+        ("[::1]", True),
+        ("[::1]:8080", True),
+        ("rebind.evil.example", False),
+        ("rebind.evil.example:8080", False),
+        ("127.0.0.1.evil.example", False),
+        ("localhost.evil.example", False),
+        ("localhost.", False),
+        ("evil.localhost", False),
+        ("0.0.0.0:8080", False),
+        ("10.0.0.1", False),
+        ("127.1", False),
+        ("2130706433", False),
+        ("[::2]:8080", False),
+        ("[::1", False),
+        ("[localhost]", False),
+        ("::1", False),
+        ("localhost:", False),
+        ("localhost:80x", False),
+        ("localhost:\xb2", False),
+        ("", False),
+    ],
+)
+def test_loopback_names(host: str, loopback: bool) -> None:
+    assert is_loopback_authority(host) is loopback
+
+
+async def test_no_auth_takes_loopback_hosts_only(asgi: Client) -> None:
+    async with asgi(NO_AUTH) as http:
+        for host in ("localhost", "localhost:9", "127.0.0.1", "127.0.0.2:80", "[::1]:8080"):
+            r = await http.get("/healthz", headers={"Host": host})
+            assert r.status_code == 200, host
+        for host in ("rebind.evil.example", "0.0.0.0", "[::2]"):
+            r = await http.get("/healthz", headers={"Host": host})
+            assert (r.status_code, r.json()["error"]) == (403, "host_not_allowed"), host
+
+
+async def test_no_auth_takes_loopback_origins_and_the_listed_ones(asgi: Client) -> None:
+    listed = "https://app.example"
+    allowed = [
+        "http://localhost:3000",
+        "http://127.0.0.1:8080",
+        "https://127.0.0.1",
+        "http://[::1]:5173",
+        listed,
+    ]
+    refused = [
+        "null",
+        "https://evil.example",
+        "http://localhost.evil.example",
+        "http://localhost@evil.example",
+        "http://localhost:3000/path",
+        "file://",
+        "https://app.example:8443",  # not the listed origin
+        "http://app.example",
+        "*",
+        "",
+    ]
+    async with asgi(NO_AUTH, cors_origins=[listed, "*"]) as http:
+        for origin in allowed:
+            r = await http.post(DISMISS, headers={"Origin": origin})
+            assert r.status_code == 200, (origin, r.text)
+        for origin in refused:
+            r = await http.post(DISMISS, headers={"Origin": origin})
+            assert (r.status_code, r.json().get("error")) == (403, "origin_not_allowed"), origin
+
+
+async def test_with_auth_on_the_token_decides_not_the_host(asgi: Client, outbox: Outbox) -> None:
+    # Behind a TLS proxy the Host is the public name, and a page of another origin needs the
+    # token (which a browser never adds by itself) and a CORS grant: no host rule with auth.
+    async with asgi(TOKENS, host="outbox.example") as http:
+        headers = {**ALICE, **JSON, "Origin": "https://evil.example"}
+        assert (await http.post(URL, content=PROMPT, headers=headers)).status_code == 202
+        no_token = await http.post(URL, content=PROMPT, headers=JSON)
+        assert no_token.status_code == 401
+        plain = await http.post(
+            URL, content=PROMPT, headers={**ALICE, "Content-Type": "text/plain"}
+        )
+        assert (plain.status_code, plain.json()["error"]) == (415, "unsupported_media_type")
+    assert len(await outbox.list("acme", "chat-1")) == 1
+
+
+@pytest.mark.parametrize("tokens", [TOKENS, NO_AUTH], ids=["auth", "no-auth"])
+async def test_a_body_must_be_json(asgi: Client, outbox: Outbox, tokens: TokenTable) -> None:
+    refused = [
+        None,  # no Content-Type at all
+        "text/plain",
+        "text/plain; charset=utf-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/jsonx",
+        "application/json-patch+json",
+        "application/javascript",
+        "json",
+    ]
+    taken = ["application/json", "application/json; charset=utf-8", "Application/JSON ;q=1"]
+    async with asgi(tokens) as http:
+        for n, kind in enumerate(refused + taken):
+            body = b'{"clientMessageID":"m%d","text":"t"}' % n
+            headers = {**ALICE} if kind is None else {**ALICE, "Content-Type": kind}
+            r = await http.post(URL, content=body, headers=headers)
+            if kind in taken:
+                assert r.status_code == 202, (kind, r.text)
+            else:
+                assert (r.status_code, r.json()["error"]) == (415, "unsupported_media_type"), kind
+        # A request without a body needs no content type: a Content-Length of 0, or no chunks.
+        for body in (b"", _chunks()):
+            r = await http.post(
+                f"{URL[: -len('/prompts')]}/errors/dismiss", content=body, headers=ALICE
+            )
+            assert r.status_code == 200, r.text
+        park = await http.post("/v1/workspaces/acme/park", content=b"", headers=OPS)
+        assert park.status_code == 422  # past the guard: the route wants its reason
+    assert len(await outbox.list("acme", "chat-1")) == len(taken)
+
+
+async def test_a_chunked_body_is_counted_and_typed_as_it_comes(
+    asgi: Client, outbox: Outbox
+) -> None:
+    async with asgi() as http:
+        ok = await http.post(
+            URL, content=_chunks(PROMPT[:10], PROMPT[10:]), headers={**ALICE, **JSON}
+        )
+        assert ok.status_code == 202, ok.text
+        plain = await http.post(
+            URL, content=_chunks(PROMPT), headers={**ALICE, "Content-Type": "text/plain"}
+        )
+        assert (plain.status_code, plain.json()["error"]) == (415, "unsupported_media_type")
+        # Past the limit: 413 before auth (no token), judged on the count alone.
+        piece = b" " * 4096
+        park = await http.post(
+            "/v1/workspaces/acme/park", content=_chunks(*[piece] * 5), headers=JSON
+        )
+        assert (park.status_code, park.json()["error"]) == (413, "body_too_large")
+        big = [b" " * 65536] * (MAX_BODY_BYTES // 65536 + 1)
+        accept = await http.post(URL, content=_chunks(*big), headers={**ALICE, **JSON})
+        assert (accept.status_code, accept.json()["error"]) == (413, "body_too_large")
+    assert [e.id for e in await outbox.list("acme", "chat-1")] == [ok.json()["id"]]
+
+
+async def test_each_route_has_its_body_limit_judged_before_auth(asgi: Client) -> None:
+    async with asgi() as http:
+        # The finding: a big body to park without a token was read whole, then 401.
+        park = await http.post(
+            "/v1/workspaces/acme/park", content=b" " * (SMALL_BODY_BYTES + 1), headers=JSON
+        )
+        assert (park.status_code, park.json()["error"]) == (413, "body_too_large")
+        assert park.headers["connection"] == "close"
+        at_limit = b'{"reason":"x"}'.ljust(SMALL_BODY_BYTES)
+        park = await http.post("/v1/workspaces/acme/park", content=at_limit, headers=JSON)
+        assert park.status_code == 401  # at the limit: on to auth
+        # Accept and edit take MAX_BODY_BYTES: a text at its limit, JSON-escaped.
+        for method, path in (("POST", URL), ("PATCH", URL + "/some-entry")):
+            over = await http.request(
+                method, path, content=b" " * (MAX_BODY_BYTES + 1), headers=JSON
+            )
+            assert (over.status_code, over.json()["error"]) == (413, "body_too_large"), method
+            under = await http.request(method, path, content=b" " * MAX_BODY_BYTES, headers=JSON)
+            assert under.status_code == 401, method  # past the guard, refused by auth
+        # Another route of the same shape takes the small limit.
+        listed = await http.request("GET", URL, content=b" " * (SMALL_BODY_BYTES + 1), headers=JSON)
+        assert listed.status_code == 413
+
+
+async def test_the_api_docs_are_off_unless_asked_for(asgi: Client) -> None:
+    async with asgi() as http:
+        for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+            assert (await http.get(path)).status_code == 404, path
+        spec = (await http.get("/openapi.json")).json()  # the client's types come from it
+    async with asgi(api_docs=True) as http:
+        docs = await http.get("/docs")
+        assert docs.status_code == 200 and "swagger-ui" in docs.text
+        assert (await http.get("/redoc")).status_code == 200
+    # Every /v1 route declares the guard's refusals.
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            if path.startswith("/v1"):
+                assert {"413", "415"} <= set(operation["responses"]), (method, path)
+
+
+async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    """A body httpx sends chunked (no Content-Length): ``parts`` as they are."""
+    for part in parts:
+        yield part
+
+
+# -- finding 2 on the real stack: heads capped, bodies refused before they are sent ------------
+
+
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def real(
+    request: pytest.FixtureRequest,
+    valkey_server: EmbeddedValkey,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[int]:
+    """A serve (auth on) on each HTTP stack; its port."""
+    tokens = tmp_path_factory.mktemp("guard") / "tokens.json"
+    tokens.write_text(
+        json.dumps({"tokens": [{"token": "alice-token", "user": "alice", "workspaces": ["acme"]}]})
+    )
+    port = free_port()
+    args = ["--tokens", str(tokens), "--port", str(port), "--valkey-url", valkey_server.url]
+    with service([*args, "--http", request.param]):
+        wait_healthy(port)
+        yield port
+
+
+def exchange(port: int, head: bytes, pieces: Iterable[bytes] = ()) -> tuple[dict[str, Any], int]:
+    """Send ``head``, then ``pieces`` until the server answers; read the answer, then check
+    that the server closed the connection. The answer (status, headers, json) and the bytes
+    sent."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        sent = len(head)
+        sock.setblocking(False)
+        for piece in pieces:
+            if _readable(sock):
+                break  # answered: a polite client stops sending
+            try:
+                sock.sendall(piece)  # non-blocking: a full buffer raises, and we look again
+            except BlockingIOError:
+                _readable(sock, 0.05)
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(piece)
+        sock.settimeout(10)
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            got = sock.recv(65536)
+            assert got, f"closed without an answer after {sent} bytes"
+            raw += got
+        head_part, _, body = raw.partition(b"\r\n\r\n")
+        lines = head_part.decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        while len(body) < int(headers["content-length"]):
+            body += sock.recv(65536)
+        try:
+            closed = sock.recv(65536) == b""
+        except ConnectionResetError:
+            closed = True
+        answer = {"status": int(lines[0].split()[1]), "headers": headers, "json": json.loads(body)}
+        answer["closed"] = closed
+        return answer, sent
+
+
+def _readable(sock: socket.socket, wait: float = 0.0) -> bool:
+    return bool(select.select([sock], [], [], wait)[0])
+
+
+def _flood(piece: bytes, total: int) -> Iterator[bytes]:
+    for _ in range(total // len(piece)):
+        yield piece
+
+
+def test_a_huge_header_is_cut_at_the_cap(real: int) -> None:
+    # The finding: one 100 MB header on /healthz was read whole (23 s of the event loop).
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+    answer, sent = exchange(real, head, _flood(b"a" * 65536, 64 * 1024 * 1024))
+    assert (answer["status"], answer["json"]["error"]) == (431, "headers_too_large")
+    assert answer["closed"]
+    assert sent < 16 * 1024 * 1024  # answered long before the rest was sent
+    assert httpx.get(f"http://127.0.0.1:{real}/healthz").status_code == 200  # still serving
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "code"),
+    [
+        ([b"X-Line: " + b"a" * (MAX_LINE_BYTES + 1)], 431, "headers_too_large"),
+        (
+            [b"X-H%d: %s" % (n, b"a" * 1000) for n in range(MAX_HEAD_BYTES // 1000 + 1)],
+            431,
+            "headers_too_large",
+        ),
+    ],
+    ids=["one-long-line", "many-lines"],
+)
+def test_a_complete_head_over_the_caps_is_refused(
+    real: int, extra: list[bytes], status: int, code: str
+) -> None:
+    head = b"\r\n".join([b"GET /healthz HTTP/1.1", b"Host: 127.0.0.1", *extra]) + b"\r\n\r\n"
+    answer, _ = exchange(real, head)
+    assert (answer["status"], answer["json"]["error"], answer["closed"]) == (status, code, True)
+
+
+def test_a_long_target_is_414_and_heads_within_the_caps_pass(real: int) -> None:
+    path = b"/healthz?" + b"a" * MAX_LINE_BYTES
+    answer, _ = exchange(real, b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert (answer["status"], answer["json"]["error"], answer["closed"]) == (
+        414,
+        "uri_too_long",
+        True,
+    )
+    big = {"X-Cookie-Like": "c" * (MAX_LINE_BYTES - 100)}
+    assert httpx.get(f"http://127.0.0.1:{real}/healthz", headers=big).status_code == 200
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(real: int) -> None:
+    # The finding: a 100 MB body to park without a token: 401 after reading it all.
+    head = (
+        b"POST /v1/workspaces/acme/park HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 104857600\r\n\r\n"
+    )
+    answer, sent = exchange(real, head)  # not a byte of the body
+    assert (answer["status"], answer["json"]["error"]) == (413, "body_too_large")
+    assert answer["closed"] and sent == len(head)
+    # With a token, an accept of 300 MB: the same, before the token is even looked at.
+    accept = head.replace(b"/v1/workspaces/acme/park", URL.encode()).replace(
+        b"104857600", b"314572800"
+    )
+    accept = accept.replace(b"Host:", b"Authorization: Bearer alice-token\r\nHost:")
+    answer, _ = exchange(real, accept)
+    assert (answer["status"], answer["json"]["error"], answer["closed"]) == (
+        413,
+        "body_too_large",
+        True,
+    )
+
+
+def test_a_chunked_body_is_cut_once_its_count_passes_the_limit(real: int) -> None:
+    head = (
+        URL.encode().join([b"POST ", b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"])
+        + b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    piece = b"10000\r\n" + b" " * 65536 + b"\r\n"
+    answer, sent = exchange(real, head, _flood(piece, 64 * 1024 * 1024))
+    assert (answer["status"], answer["json"]["error"]) == (413, "body_too_large")  # no token
+    assert answer["closed"] and sent < 16 * 1024 * 1024
+
+
+# -- finding 1 on the real stack --------------------------------------------------------------
+
+
+def test_serve_no_auth_refuses_the_findings_requests(
+    tmp_path: Path, valkey_server: EmbeddedValkey
+) -> None:
+    port = free_port()
+    with service(["--no-auth", "--port", str(port), "--valkey-url", valkey_server.url]):
+        wait_healthy(port)
+        base = f"http://127.0.0.1:{port}"
+        evil = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
+        for path in (DEV_URL, DISMISS):
+            r = httpx.post(
+                base + path, content=PROMPT, headers={**evil, "Host": "rebind.evil.example"}
+            )
+            assert (r.status_code, r.json()["error"]) == (403, "host_not_allowed")
+            r = httpx.post(base + path, content=PROMPT, headers=evil)
+            assert (r.status_code, r.json()["error"]) == (403, "origin_not_allowed")
+        assert httpx.get(base + DEV_URL).json() == {"entries": []}
+        assert httpx.get(base + "/docs").status_code == 404
+
+
+def test_serve_refuses_a_wildcard_origin_without_auth() -> None:
+    done = subprocess.run(
+        [BIN, "serve", "--no-auth", "--cors-origin", "*"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2 and "any web page" in done.stderr
