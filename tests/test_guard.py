@@ -1,4 +1,4 @@
-"""The HTTP edge (issue 22, findings 1, 2, 11): what a request must be
+"""The HTTP edge (issue 22, findings 1, 2, 11 and the request deadline): what a request must be
 before anything reads it (api/guard.py), the request head's caps (cli/heads.py), the API docs
 off by default, and the deadline on every answer (api/deadline.py).
 
@@ -8,10 +8,13 @@ before it is sent, the connection closed, and the deadline while Valkey is froze
 
 from __future__ import annotations
 
+import asyncio
 import json
 import select
+import signal
 import socket
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -19,15 +22,21 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.types import Receive, Scope, Send
 
 from prompt_outbox import Outbox
 from prompt_outbox.api import TokenTable, create_app
+from prompt_outbox.api.deadline import Deadline
 from prompt_outbox.api.guard import SMALL_BODY_BYTES, is_loopback_authority
 from prompt_outbox.api.prompts import MAX_BODY_BYTES
 from prompt_outbox.cli.heads import MAX_HEAD_BYTES, MAX_LINE_BYTES
 from prompt_outbox.embedded import EmbeddedValkey, free_port
+from tests.replication import ReplicatedPair
 from tests.test_api import ALICE, OPS, TOKENS, URL
 from tests.test_serve import BIN, service, wait_healthy
+from tests.test_webhook import SECRET, receiver
+
+pytest_plugins = ["tests.replication_fixtures"]
 
 NO_AUTH = TokenTable({}, disabled=True)
 JSON = {"Content-Type": "application/json"}
@@ -448,3 +457,157 @@ def test_serve_refuses_a_wildcard_origin_without_auth() -> None:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert done.returncode == 2 and "any web page" in done.stderr
+
+
+# -- the deadline ------------------------------------------------------------------------------
+
+DEADLINE = 1.5  # above --durability-timeout 0.5, far below the socket timeout (10 s)
+
+
+@pytest.fixture
+def frozen_valkey(tmp_path: Path) -> Iterator[tuple[EmbeddedValkey, int]]:
+    """A serve on a Valkey of its own (the test may SIGSTOP it or kill it); its port."""
+    with EmbeddedValkey(tmp_path / "valkey") as server:
+        port = free_port()
+        args = ["--no-auth", "--port", str(port), "--valkey-url", server.url]
+        timing = ["--durability-timeout", "0.5", "--request-deadline", str(DEADLINE)]
+        with service([*args, *timing]):
+            wait_healthy(port)
+            try:
+                yield server, port
+            finally:
+                assert server.proc is not None
+                server.proc.send_signal(signal.SIGCONT)
+
+
+ROUTES = [
+    ("GET", "/readyz"),
+    ("GET", DEV_URL),
+    ("POST", DEV_URL),
+    ("GET", "/v1/workspaces/dev/sessions/main/events"),
+    ("GET", "/v1/workspaces"),
+    ("POST", DISMISS),
+    ("POST", "/v1/workspaces/dev/park"),
+]
+
+
+def _call(port: int, method: str, path: str, n: int) -> httpx.Response:
+    body = {"clientMessageID": f"d{n}", "text": "t"} if path == DEV_URL else {"reason": "r"}
+    return httpx.request(
+        method,
+        f"http://127.0.0.1:{port}{path}",
+        json=body if method == "POST" and path != DISMISS else None,
+        timeout=8,  # under the socket timeout: only the deadline can answer in time
+    )
+
+
+def test_while_valkey_is_frozen_every_route_answers_503_at_the_deadline(
+    frozen_valkey: tuple[EmbeddedValkey, int],
+) -> None:
+    server, port = frozen_valkey
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGSTOP)
+    for n, (method, path) in enumerate(ROUTES):
+        r = _call(port, method, path, n)
+        assert (r.status_code, r.json()["error"]) == (503, "deadline_exceeded"), (path, r.text)
+        assert r.headers["retry-after"] == "2"
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200  # no Valkey in it
+    server.proc.send_signal(signal.SIGCONT)
+    # Valkey back: the accept cut by the deadline may have been written; sending it again
+    # with its clientMessageID gets it (a replay) or writes it now, never twice.
+    again = _call(port, "POST", DEV_URL, 2)
+    assert again.status_code in (200, 202), again.text
+    entries = httpx.get(f"http://127.0.0.1:{port}{DEV_URL}").json()["entries"]
+    assert [e["clientMessageID"] for e in entries] == ["d2"]
+
+
+def test_while_valkey_is_gone_every_route_answers_503_with_retry_after(
+    frozen_valkey: tuple[EmbeddedValkey, int],
+) -> None:
+    server, port = frozen_valkey
+    server.kill()
+    for n, (method, path) in enumerate(ROUTES):
+        r = _call(port, method, path, n)
+        assert (r.status_code, r.json()["error"]) == (503, "storage_unavailable"), (path, r.text)
+        assert r.headers["retry-after"] == "2"
+
+
+def test_an_open_stream_outlives_the_deadline(frozen_valkey: tuple[EmbeddedValkey, int]) -> None:
+    _, port = frozen_valkey
+    base = f"http://127.0.0.1:{port}"
+    with httpx.stream(
+        "GET", base + "/v1/workspaces/dev/sessions/main/events", timeout=10
+    ) as events:
+        assert events.status_code == 200
+        lines = events.iter_lines()
+        while not next(lines).startswith("data:"):  # the reset: the answer has begun
+            pass
+        time.sleep(DEADLINE + 0.5)  # past the deadline, the stream is still open
+        assert _call(port, "POST", DEV_URL, 7).status_code == 202
+        update = next(line for line in lines if line.startswith("data:"))
+        assert '"d7"' in update
+
+
+def test_an_accept_waiting_for_durability_answers_not_durable_before_the_deadline(
+    replicated_pair: ReplicatedPair,
+) -> None:
+    # accept_durability replica, the replica frozen: WAITAOF waits durability_timeout and the
+    # accept answers not_durable with its entry's ID, inside the default deadline (5 s + 2 s).
+    port = free_port()
+    args = ["--no-auth", "--port", str(port), "--valkey-url", replicated_pair.primary_url]
+    with service([*args, "--accept-durability", "replica"]):
+        wait_healthy(port)
+        replicated_pair.freeze_replica()
+        try:
+            r = _call(port, "POST", DEV_URL, 1)  # waits 5 s
+        finally:
+            replicated_pair.thaw_replica()
+        assert (r.status_code, r.json()["error"]) == (503, "not_durable"), r.text
+        assert r.json()["id"]
+
+
+def test_a_deadline_at_or_under_the_durability_timeout_is_refused(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [BIN, "serve", "--no-auth",
+         "--data-dir", str(tmp_path), "--durability-timeout", "3", "--request-deadline", "3"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "must exceed durability_timeout" in r.stderr
+
+
+def test_a_delivery_outlasting_the_deadline_is_not_cut(tmp_path: Path) -> None:
+    # Deliveries run in the run loop, not under a request: an agent slower than the deadline
+    # (this one answers after 2 s) still gets its prompt delivered, once.
+    port = free_port()
+    args = ["--no-auth", "--port", str(port), "--data-dir", str(tmp_path / "data")]
+    timing = ["--durability-timeout", "0.5", "--request-deadline", "1"]
+    with receiver() as agent:
+        agent.actions.append("hang")
+        hook = ["--webhook-url", agent.url]
+        with service([*args, *timing, *hook], {"PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}):
+            wait_healthy(port)
+            assert _call(port, "POST", DEV_URL, 1).status_code == 202
+            deadline = time.monotonic() + 30
+            while httpx.get(f"http://127.0.0.1:{port}{DEV_URL}").json()["entries"]:
+                assert time.monotonic() < deadline, "not delivered"
+                time.sleep(0.1)
+        assert len(agent.ids()) == 1
+
+
+async def test_the_deadline_cuts_only_an_answer_not_yet_started() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] == "/slow":
+            await asyncio.sleep(60)  # a call to a frozen Valkey
+        if scope["path"] == "/broken":
+            raise TimeoutError("the app's own")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await asyncio.sleep(0.3)  # a stream, past the deadline once begun
+        await send({"type": "http.response.body", "body": b"all of it"})
+
+    transport = httpx.ASGITransport(app=Deadline(app, seconds=0.1), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+        slow = await http.get("/slow")
+        assert (slow.status_code, slow.json()["error"]) == (503, "deadline_exceeded")
+        assert slow.headers["retry-after"] == "2"
+        assert (await http.get("/stream")).text == "all of it"
+        assert (await http.get("/broken")).status_code == 500  # not taken for the deadline's

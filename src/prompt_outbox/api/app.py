@@ -16,6 +16,7 @@ from .. import __version__
 from ..outbox import Outbox
 from . import bulk, health, overview, prompts, tickets, workspaces
 from .auth import TokenTable
+from .deadline import Deadline, request_deadline_for
 from .errors import EXCEPTION_HANDLERS
 from .fast import AcceptFastPath
 from .guard import RequestGuard
@@ -33,6 +34,7 @@ def create_app(
     cors_origins: Sequence[str] = (),
     accept_rate: RateLimit | None = None,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
+    request_deadline: float | None = None,
     api_docs: bool = False,
 ) -> FastAPI:
     """The API over ``outbox``; ``tokens`` decides who may touch which workspace;
@@ -40,10 +42,12 @@ def create_app(
     are the origins (``https://app.example``) whose pages may call it from a browser;
     ``accept_rate`` bounds the accepts per second of each token (``RateLimit()``'s defaults
     when None; ``RateLimit(0)`` for none); ``count_interval`` is how often, at most, ``/metrics``
-    counts the entries by status (seconds; 0: never); ``api_docs`` serves Swagger UI and
-    ReDoc at ``/docs`` and ``/redoc`` (off by default: they load their code from a CDN, onto
-    this origin). With a disabled ``tokens`` (no auth), only loopback clients are served
-    (``guard``)."""
+    counts the entries by status (seconds; 0: never); ``request_deadline`` bounds the seconds
+    until a request's answer starts (503 past it; ``deadline.request_deadline_for``);
+    ``api_docs`` serves Swagger UI and ReDoc at ``/docs`` and ``/redoc`` (off by default:
+    they load their code from a CDN, onto this origin). With a disabled ``tokens`` (no auth),
+    only loopback clients are served (``guard``)."""
+    deadline = request_deadline_for(outbox.tunables, request_deadline)
     # No trailing-slash redirects: an empty ID ("/prompts/") is a plain 404, not a 307.
     app = FastAPI(
         title="prompt-outbox",
@@ -63,7 +67,8 @@ def create_app(
         app.include_router(router)
     mount_ui(app)  # the queue page, out of the OpenAPI
     app.add_middleware(AcceptFastPath)  # the hot route, answered before FastAPI routes it
-    # Outside it: a refused request reaches nothing; inside CORS, so refusals get its headers.
+    app.add_middleware(Deadline, seconds=deadline)  # over the fast path too
+    # Outside both: a refused request reaches nothing; inside CORS, so refusals get its headers.
     app.add_middleware(RequestGuard, loopback_only=tokens.disabled, origins=cors_origins)
     if cors_origins:  # added last, so outermost: the fast path's answers get the headers too
         app.add_middleware(

@@ -81,7 +81,9 @@ ERROR_WHY = {
     "entries, nothing written (Retry-After)",
     503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
     "accept, not_durable: written (its id) but not confirmed at accept_durability in time; "
-    "storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After)",
+    "deadline_exceeded: no answer within the request deadline (Retry-After; an accept may "
+    "have been written: send it again with the same clientMessageID); storage_full: Valkey's "
+    "memory is near its maxmemory, nothing written (Retry-After)",
 }
 
 # The status of each InvalidInput kind that is not a plain 400.
@@ -155,8 +157,13 @@ async def _session_busy(_: Request, exc: SessionBusy) -> Response:
     return error_response(409, "session_busy", str(exc))
 
 
+# Seconds before trying again while Valkey is away (a restart, a failover: seconds).
+UNAVAILABLE_RETRY_AFTER = {"Retry-After": "2"}
+
+
 async def _storage_down(_: Request, exc: Exception) -> Response:
-    return error_response(503, "storage_unavailable", f"Valkey is unreachable: {exc}")
+    detail = f"Valkey is unreachable: {exc}"
+    return error_response(503, "storage_unavailable", detail, headers=UNAVAILABLE_RETRY_AFTER)
 
 
 async def _invalid_request(_: Request, exc: RequestValidationError) -> Response:

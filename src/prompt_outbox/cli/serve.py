@@ -104,18 +104,23 @@ async def run_api(
     cors_origins: tuple[str, ...] = (),
     accept_rate: RateLimit | None = None,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
+    request_deadline: float | None = None,
     api_docs: bool = False,
 ) -> None:
     """Serve the API until SIGINT / SIGTERM."""
-    app = create_app(
-        outbox,
-        tokens,
-        streams=streams,
-        cors_origins=cors_origins,
-        accept_rate=accept_rate,
-        count_interval=count_interval,
-        api_docs=api_docs,
-    )
+    try:
+        app = create_app(
+            outbox,
+            tokens,
+            streams=streams,
+            cors_origins=cors_origins,
+            accept_rate=accept_rate,
+            count_interval=count_interval,
+            request_deadline=request_deadline,
+            api_docs=api_docs,
+        )
+    except ValueError as exc:  # a --request-deadline at or under the durability timeout
+        raise click.UsageError(str(exc)) from None
     config = uvicorn.Config(
         app,
         host=host,
@@ -224,6 +229,14 @@ async def run_api(
     "repeat it, or give several in the variable, space-separated (none: same origin only)",
 )
 @click.option(
+    "--request-deadline",
+    envvar="PROMPT_OUTBOX_REQUEST_DEADLINE",
+    type=click.FloatRange(min=0, min_open=True),
+    help="seconds a request may wait for its answer to start (503 deadline_exceeded past it, "
+    "e.g. while Valkey is away; an event stream only until its first bytes); must exceed "
+    "the durability timeout  [default: durability timeout + 2, 7 s]",
+)
+@click.option(
     "--api-docs/--no-api-docs",
     default=False,
     show_default=True,
@@ -271,6 +284,7 @@ def serve(
     cors_origins: tuple[str, ...],
     loop: str,
     http_parser: str,
+    request_deadline: float | None,
     api_docs: bool,
     **delivery: str | float | None,
 ) -> None:
@@ -321,6 +335,7 @@ def serve(
                 cors_origins=cors_origins,
                 accept_rate=RateLimit(accept_rate, accept_burst),
                 count_interval=metrics_count_interval,
+                request_deadline=request_deadline,
                 api_docs=api_docs,
             )
 
