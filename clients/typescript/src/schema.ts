@@ -702,7 +702,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -749,8 +749,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -767,7 +785,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -819,8 +837,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -837,7 +873,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -889,8 +925,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -907,7 +961,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -957,8 +1011,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -975,7 +1047,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1025,8 +1097,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1043,7 +1133,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1093,8 +1183,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1111,7 +1219,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1167,8 +1275,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1185,7 +1311,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1240,8 +1366,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1258,7 +1402,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1310,8 +1454,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1328,7 +1490,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1380,8 +1542,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1398,7 +1578,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1457,8 +1637,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1484,7 +1682,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1536,8 +1734,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1554,7 +1770,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1647,7 +1863,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1665,8 +1881,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the body or the text is too large */
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1692,7 +1917,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1744,7 +1969,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1771,6 +1996,24 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
             422: {
                 headers: {
@@ -1780,7 +2023,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1843,7 +2086,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1870,8 +2113,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the body or the text is too large */
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1888,7 +2140,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1942,7 +2194,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1969,6 +2221,24 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
             422: {
                 headers: {
@@ -1978,7 +2248,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2030,8 +2300,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2048,7 +2336,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2100,8 +2388,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the token may not use this workspace (or the route needs an admin token) */
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2118,7 +2424,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
