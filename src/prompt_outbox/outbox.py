@@ -24,15 +24,7 @@ from .core.callbacks import (
     Wiring,
 )
 from .core.entry import Entry, Status, decode_entry
-from .core.errors import (
-    Duplicate,
-    IdempotencyKeyReused,
-    NotDurable,
-    OutboxFull,
-    SessionBusy,
-    StorageFull,
-    WorkspaceFull,
-)
+from .core.errors import Duplicate, NotDurable
 from .core.events import QueueEvent, QueueReset, missed_events, parse_event_id
 from .core.keys import check_client_message_id, session_keys
 from .core.metrics import Metrics
@@ -219,22 +211,10 @@ class Outbox:
             self._wait,
             while_busy=policy,
         )
-        if reply.outcome is Accept.FULL:
-            self.metrics.refused_full.inc()
-            raise OutboxFull(t.cap)
-        if reply.outcome is Accept.WORKSPACE_FULL:
-            self.metrics.refused_workspace_full.inc()
-            raise WorkspaceFull(t.workspace_cap)
-        if reply.outcome is Accept.STORAGE_FULL:
-            self.metrics.refused_storage_full.inc()
-            memory = reply.memory
-            raise StorageFull(memory.used if memory else 0, memory.limit if memory else 0)
-        if reply.outcome is Accept.REJECTED:
-            self.metrics.refused_busy.inc()
-            raise SessionBusy()
-        if reply.outcome is Accept.REUSED:
-            self.metrics.refused_reused.inc()
-            raise IdempotencyKeyReused(reply.accepted_id)
+        refused = reply.refusal(t.cap, t.workspace_cap)
+        if refused is not None:
+            self.metrics.refused[reply.outcome.value].inc()
+            raise refused
         written = reply.accepted_id or entry.id
         if reply.outcome is Accept.OK:
             self.metrics.accepted.inc()

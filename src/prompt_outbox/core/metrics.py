@@ -62,6 +62,14 @@ class Metrics:
             "Accepts refused: their clientMessageID was accepted for another text or model.",
             registry=r,
         )
+        self.refused = {
+            "full": self.refused_full,
+            "workspace_full": self.refused_workspace_full,
+            "storage_full": self.refused_storage_full,
+            "rejected": self.refused_busy,
+            "reused": self.refused_reused,
+        }
+        """The refusal counters by accept.lua's reply word (storage/replies.py Accept)."""
         self.attempts = Counter(
             "prompt_outbox_delivery_attempts",
             "Deliverer calls, by outcome class.",

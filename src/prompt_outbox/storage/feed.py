@@ -177,14 +177,15 @@ class EventFeed:
             self._reads = asyncio.Semaphore(self.limits.reads)
         return self._reads
 
-    def _hold(self, follower: Follower, size: int) -> None:
+    def hold(self, follower: Follower, size: int) -> None:
         """``follower`` buffered ``size`` more bytes: past the process budget, shed."""
         self.buffered += size
         self._holders.add(follower)
         if self.buffered > self.limits.max_buffered_bytes:
             self._shed()
 
-    def _release(self, follower: Follower, size: int) -> None:
+    def release(self, follower: Follower, size: int) -> None:
+        """``follower``'s reader took (or it dropped) ``size`` buffered bytes."""
         self.buffered -= size
         if not follower.buffered:
             self._holders.discard(follower)
@@ -198,7 +199,7 @@ class EventFeed:
         for follower in sorted(self._holders, key=order):
             if self.buffered <= self.limits.max_buffered_bytes:
                 return
-            self._fell_behind("process")
+            self.fell_behind("process")
             follower.drop(
                 FellBehind(
                     f"this process's event streams hold over {self.limits.max_buffered_bytes} "
@@ -206,7 +207,8 @@ class EventFeed:
                 )
             )
 
-    def _fell_behind(self, bound: str) -> None:
+    def fell_behind(self, bound: str) -> None:
+        """Count a reader cut off at ``bound`` (events, bytes or process)."""
         if self.metrics is not None:
             self.metrics.streams_fell_behind.labels(bound=bound).inc()
 
@@ -272,10 +274,10 @@ class Follower:
             limits = self.feed.limits
             self._announced += 1
             if self.buffered >= limits.max_behind_bytes:
-                self.feed._fell_behind("bytes")
+                self.feed.fell_behind("bytes")
                 self.end(FellBehind(f"over {limits.max_behind_bytes} bytes unread"))
             elif len(self._buffer) + self._announced > limits.max_behind:
-                self.feed._fell_behind("events")
+                self.feed.fell_behind("events")
                 self.end(FellBehind(f"over {limits.max_behind} events unread"))
             return
         self._start()
@@ -327,7 +329,7 @@ class Follower:
                         added += size
                     self.buffered += added
                     self._ready.set()
-                    self.feed._hold(self, added)
+                    self.feed.hold(self, added)
                 if len(rows) == room:
                     self._dirty = True  # more may be waiting
                     self._announced = max(0, self._announced - len(rows))
@@ -359,7 +361,7 @@ class Follower:
             size += n
         if size:
             self.buffered -= size
-            self.feed._release(self, size)
+            self.feed.release(self, size)
         return out
 
     async def next(self, quiet: float, limit: int | None = None) -> list[Event]:

@@ -11,6 +11,13 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ..core.errors import (
+    IdempotencyKeyReused,
+    OutboxFull,
+    SessionBusy,
+    StorageFull,
+    WorkspaceFull,
+)
 from ..core.events import EventLogState
 from .memory import Memory
 
@@ -80,6 +87,23 @@ class Accepted:
     confirmation: Confirmation | None = None
     in_flight: str = ""
     memory: Memory | None = None
+
+    def refusal(self, cap: int, workspace_cap: int) -> Exception | None:
+        """The library's exception for a refused accept (None for OK and DUPLICATE): the
+        session's ``cap``, the workspace's ``workspace_cap``, the memory ceiling, whileBusy
+        reject, a reused key. Nothing was written for any of them."""
+        if self.outcome is Accept.FULL:
+            return OutboxFull(cap)
+        if self.outcome is Accept.WORKSPACE_FULL:
+            return WorkspaceFull(workspace_cap)
+        if self.outcome is Accept.STORAGE_FULL:
+            m = self.memory
+            return StorageFull(m.used if m else 0, m.limit if m else 0)
+        if self.outcome is Accept.REJECTED:
+            return SessionBusy()
+        if self.outcome is Accept.REUSED:
+            return IdempotencyKeyReused(self.accepted_id)
+        return None
 
 
 class Acquire(enum.Enum):
