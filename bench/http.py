@@ -49,7 +49,7 @@ from devtools import npm
 from fastapi import FastAPI, Request
 
 from bench.output import publish, stop_group, verdict
-from prompt_outbox import Outbox
+from prompt_outbox import Outbox, Tunables
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 from prompt_outbox.storage.connect import connect
 
@@ -407,6 +407,8 @@ def run(
             # One token sends the whole load: a rate it never reaches keeps the limiter's cost
             # in the figure without its 429s.
             common += ["--accept-rate", "1e9"]
+            # Nothing delivers here: a run fills the one workspace past its quota on purpose.
+            common += ["--tunables", json.dumps({"workspace_cap": 10**9})]
             extra = ["--access-log"] if side == ACCESS_LOG else []
             return [BIN, "serve", *common, *stack.serve_args(), *extra], "/readyz"
 
@@ -456,7 +458,7 @@ def in_process_cpu(name: str, url: str, seconds: float, tasks: int) -> float:
 
     async def calls() -> float:
         client = connect(url, socket_timeout=30)
-        outbox = Outbox(client)
+        outbox = Outbox(client, Tunables(workspace_cap=10**9))
         await outbox.check_durability()
         done = 0
         deadline = time.monotonic() + seconds

@@ -211,6 +211,7 @@ async def accept_to_start(outbox: Outbox, samples: int, tag: str, figures: Figur
 def serve(url: str, port: int) -> Iterator[None]:
     # The benchmark opens its streams with one token: past the default limits on purpose.
     limits = ["--max-streams", "100000", "--max-streams-per-token", "100000"]
+    limits += ["--accept-rate", "0"]  # and its accepts come from one (--no-auth) principal
     proc = subprocess.Popen(
         [BIN, "serve", "--valkey-url", url, "--no-auth", "--port", str(port), *limits],
         start_new_session=True,

@@ -27,6 +27,7 @@ def tunables(args: _proto.Args) -> Tunables:
     return Tunables(
         concurrency=args.concurrency,
         cap=cap,
+        workspace_cap=max(args.jobs, 10_000),  # every job in one workspace, queued at once
         accept_durability=args.durability,  # type: ignore[arg-type]
     )
 
