@@ -10,12 +10,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from ..core.errors import InvalidInput
+from ..core.keys import check_id
+from ..core.validate import MAX_USER_ID, check_user_id
 from .errors import ApiError
 
 
@@ -33,6 +37,11 @@ class Principal:
 
 
 DEV_PRINCIPAL = Principal(user_id="dev", workspaces=frozenset(), admin=True)
+
+MAX_TOKEN = 512
+_TOKEN = re.compile(f"[!-~]{{1,{MAX_TOKEN}}}")  # visible ASCII: what a header value can carry
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""A token file's bound: read no more (tens of thousands of tokens fit)."""
 
 
 class TokenTable:
@@ -58,37 +67,50 @@ class TokenTable:
 
     @classmethod
     def from_json(cls, text: str) -> TokenTable:
-        """Parse the token file's JSON; raises ValueError saying what is wrong."""
+        """Parse the token file's JSON; raises ValueError saying what is wrong (nothing of
+        the file in the message but row numbers: it holds secrets)."""
         try:
             doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"token file is not JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise ValueError("token file is not JSON") from exc
         rows = doc.get("tokens") if isinstance(doc, dict) else None
         if not isinstance(rows, list):
             raise ValueError('token file needs {"tokens": [...]}')
         principals: dict[str, Principal] = {}
         for n, row in enumerate(rows):
-            if (
-                not isinstance(row, dict)
-                or not isinstance(row.get("token"), str)
-                or not row["token"]
-            ):
-                raise ValueError(f"tokens[{n}] needs a non-empty string 'token'")
-            user = row.get("user", "")
-            workspaces = row.get("workspaces", [])
-            if not isinstance(user, str) or not user:
-                raise ValueError(f"tokens[{n}] needs a non-empty string 'user'")
-            if not isinstance(workspaces, list) or not all(isinstance(w, str) for w in workspaces):
+            token = row.get("token") if isinstance(row, dict) else None
+            if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+                raise ValueError(
+                    f"tokens[{n}] needs a 'token' of 1-{MAX_TOKEN} visible ASCII characters "
+                    "(what a Bearer header can carry)"
+                )
+            if token in principals:
+                raise ValueError(f"tokens[{n}] repeats an earlier token")
+            user, workspaces = row.get("user", ""), row.get("workspaces", [])
+            if not isinstance(user, str) or not user or len(user) > MAX_USER_ID:
+                raise ValueError(f"tokens[{n}] needs a 'user' of 1-{MAX_USER_ID} characters")
+            if not isinstance(workspaces, list):
                 raise ValueError(f"tokens[{n}].workspaces must be a list of workspace IDs")
-            principals[row["token"]] = Principal(
-                user, frozenset(workspaces), admin=row.get("admin") is True
-            )
+            try:
+                scope = frozenset(check_id("workspace ID", w) for w in workspaces)
+                check_user_id(user)
+            except InvalidInput as exc:
+                raise ValueError(f"tokens[{n}]: {exc}") from None
+            principals[token] = Principal(user, scope, admin=row.get("admin") is True)
         return cls(principals)
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenTable:
-        """Read and parse the token file; raises ValueError saying what is wrong."""
-        return cls.from_json(Path(path).read_text())
+        """Read and parse the token file; raises ValueError saying what is wrong. A file over
+        MAX_FILE_BYTES is refused before it is read."""
+        with Path(path).open("rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ValueError(f"token file is over {MAX_FILE_BYTES} bytes")
+        try:
+            return cls.from_json(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError("token file is not UTF-8") from None
 
     def lookup(self, token: str) -> Principal | None:
         """The Principal of ``token``, or None if it is not in the table."""

@@ -311,6 +311,13 @@ def serve(
         click.secho(
             "WARNING: authentication is DISABLED (--no-auth); loopback only.", fg="red", err=True
         )
+    elif Path(str(tokens_file)).stat().st_mode & 0o077:
+        # Not refused (a secret mounted by an orchestrator may come group-readable), but said.
+        click.secho(
+            f"WARNING: the token file {tokens_file} is readable by other users: chmod 600 it.",
+            fg="red",
+            err=True,
+        )
     chosen = build_delivery(**delivery)  # type: ignore[arg-type]
 
     async def main() -> None:
