@@ -21,6 +21,12 @@ failing that, it matches the text of a user message created after ``lastAttemptA
 Every path segment built from an ID is percent-encoded (``session_path``), and an opencode
 session ID that cannot be one segment (empty, only dots, or holding ``/``, ``?``, ``#``) is
 refused: a client normalises ``/session/../message`` to ``/message``, another route.
+
+Every request reads a bounded part of opencode's answer, within ``timeout`` in total
+(``answer.bounded_request``): the send's answer (the assistant message) up to
+``SEND_ANSWER_BYTES``, past which only its turn error goes unread (the outcome stays what the
+status says); the transcript up to ``transcript_max_bytes``, past which the verdict is
+inconclusive, never a guess from part of it.
 """
 
 from __future__ import annotations
@@ -41,12 +47,17 @@ from ..core.callbacks import Verdict
 from ..core.entry import Entry
 from ..core.errors import ambiguous, transient
 from ..core.timeutil import to_ms
+from .answer import Answer, KiB, MalformedAnswer, MiB, bounded_request
 
 log = logging.getLogger("prompt_outbox.opencode")
 
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _SUFFIX_LEN = 14
 _CLOCK_SKEW_MS = 2_000  # the text fallback's grace before lastAttemptAt
+
+SEND_ANSWER_BYTES = 4 * MiB  # the assistant message: read only for its turn error
+ABORT_ANSWER_BYTES = 4 * KiB  # true/false
+TRANSCRIPT_MAX_BYTES = 64 * MiB  # the default bound of one transcript page
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +193,11 @@ class OpencodeDeliverer:
     """A Deliverer (``await d(ws, ses, entry)``) for opencode, and its Verifier (``.verify``).
 
     ``targets`` maps our (workspace, session) to an opencode server and session ID.
-    ``timeout`` bounds the wait for the whole turn; past it the send is ambiguous and the
-    verifier settles it. ``transcript_limit`` is how many recent messages the verifier reads.
-    ``client`` is borrowed if given; otherwise one is made and closed by ``aclose()``.
+    ``timeout`` bounds each request in total (for a send, the wait for the whole turn; past it
+    the send is ambiguous and the verifier settles it). ``transcript_limit`` is how many recent
+    messages the verifier reads, ``transcript_max_bytes`` how many bytes of them at most
+    (past it: inconclusive). ``client`` is borrowed if given; otherwise one is made and
+    closed by ``aclose()``.
     """
 
     def __init__(
@@ -195,12 +208,17 @@ class OpencodeDeliverer:
         connect_timeout: float = 5.0,
         auth: tuple[str, str] | None = None,
         transcript_limit: int = 500,
+        transcript_max_bytes: int = TRANSCRIPT_MAX_BYTES,
         client: httpx.AsyncClient | None = None,
     ) -> None:
         if transcript_limit < 1:
             raise ValueError("transcript_limit must be at least 1")
+        if transcript_max_bytes < 1:
+            raise ValueError("transcript_max_bytes must be at least 1")
         self._targets = targets
         self._limit = transcript_limit
+        self._max_bytes = transcript_max_bytes
+        self._timeout = timeout
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=connect_timeout), auth=auth
@@ -231,16 +249,16 @@ class OpencodeDeliverer:
             body["model"] = model
         url = await self._url(ws, ses, "message")
         try:
-            response = await self._client.post(url, json=body)
+            answer = await self._request("POST", url, SEND_ANSWER_BYTES, json_body=body)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise transient(exc) from exc  # opencode is down: nothing was sent
         except httpx.HTTPError as exc:
             raise ambiguous(exc) from exc  # cut or timed out mid-turn: the message may be in
-        status = response.status_code
+        status = answer.status
         if 200 <= status < 300:
-            self._log_turn_error(response, entry)
+            self._log_turn_error(answer, entry)
             return
-        detail = f"opencode answered {status}: {response.text[:300]}"
+        detail = f"opencode answered {status}: {answer.text()[:300]}"
         if 400 <= status < 500:
             raise RuntimeError(detail)
         raise ambiguous(detail)
@@ -249,15 +267,27 @@ class OpencodeDeliverer:
         """Abort the session's turn in flight (whileBusy interrupt): ``POST /session/{id}/abort``.
         The turn's own send then answers 200 (``MessageAbortedError``): its prompt is in the
         transcript, so it counts as delivered and is never sent again."""
-        response = await self._client.post(await self._url(ws, ses, "abort"))
-        if response.status_code >= 300:
-            raise RuntimeError(f"opencode answered {response.status_code} to the abort")
+        url = await self._url(ws, ses, "abort")
+        answer = await self._request("POST", url, ABORT_ANSWER_BYTES)
+        if answer.status >= 300:
+            raise RuntimeError(f"opencode answered {answer.status} to the abort")
+
+    async def _request(self, method: str, url: str, limit: int, **kwargs: Any) -> Answer:
+        return await bounded_request(
+            self._client, method, url, limit=limit, deadline=self._timeout, **kwargs
+        )
 
     @staticmethod
-    def _log_turn_error(response: httpx.Response, entry: Entry) -> None:
+    def _log_turn_error(answer: Answer, entry: Entry) -> None:
         try:
-            error = response.json().get("info", {}).get("error")
-        except (ValueError, AttributeError):
+            error = answer.json().get("info", {}).get("error")
+        except MalformedAnswer as exc:
+            # Delivered all the same (the status says so): only the turn's error is unread.
+            log.info(
+                "opencode's answer not read for a turn error: %s", exc, extra={"entry": entry.id}
+            )
+            return
+        except AttributeError:
             return
         if error:
             # The prompt is in the transcript; only the turn failed. Re-sending would repeat it.
@@ -269,18 +299,25 @@ class OpencodeDeliverer:
         """DELIVERED if an attempt of the entry is in the transcript, ABSENT if provably not,
         INCONCLUSIVE when opencode cannot be read or the window is older than what was read."""
         try:
-            response = await self._client.get(
-                await self._url(ws, ses, "message"), params={"limit": self._limit}
-            )
+            url = await self._url(ws, ses, "message")
+            answer = await self._request("GET", url, self._max_bytes, params={"limit": self._limit})
         except Exception as exc:
             log.info("opencode transcript unreadable: %s", exc, extra={"entry": entry.id})
             return Verdict.INCONCLUSIVE
-        if response.status_code == 404:
+        if answer.status == 404:
             return Verdict.ABSENT  # no such session: the message cannot be in it
-        if response.status_code != 200:
+        if answer.status != 200:
+            return Verdict.INCONCLUSIVE
+        if why := answer.incomplete:
+            log.warning(
+                "opencode transcript is %s: inconclusive (raise transcript_max_bytes or lower "
+                "transcript_limit)",
+                why,
+                extra={"entry": entry.id},
+            )
             return Verdict.INCONCLUSIVE
         try:
-            messages = response.json()
+            messages = answer.json()
             return self._judge(messages, entry)
         except (ValueError, TypeError, KeyError, AttributeError):
             return Verdict.INCONCLUSIVE

@@ -11,10 +11,15 @@ are ambiguous: the receiver may have acted, so the entry is verified, never blin
 
 The optional verify URL answers ``GET {verify_url}?id=<entry id>`` with ``delivered``,
 ``absent`` or anything else (inconclusive), as plain text or JSON ``{"status": ...}``.
+
+Both requests read at most a few KiB of the answer, within ``timeout`` in total
+(``answer.bounded_request``): the send's body is only looked at for an error detail, so a long
+one changes nothing; a verify answer past the bound is inconclusive, never a verdict.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import httpx
@@ -30,12 +35,20 @@ from ..core.signature import (
     WORKSPACE_HEADER,
     sign,
 )
+from .answer import KiB, MalformedAnswer, bounded_request
+
+log = logging.getLogger("prompt_outbox.webhook")
+
+SEND_ANSWER_BYTES = 4 * KiB  # read only for an error detail (its first 200 characters)
+VERIFY_ANSWER_BYTES = 4 * KiB  # a word, or {"status": ...}
 
 
 class WebhookDeliverer:
     """A Deliverer (``await d(ws, ses, entry)``); with ``verify_url`` also a Verifier, ``.verify``.
 
-    ``client`` is borrowed if given; otherwise one is made and closed by ``aclose()``.
+    ``timeout`` bounds each request in total (connect, send, the answer), with or without
+    a borrowed ``client``; ``client`` is borrowed if given, otherwise one is made and closed
+    by ``aclose()``.
     """
 
     def __init__(
@@ -52,6 +65,7 @@ class WebhookDeliverer:
         self.url = url
         self.verify_url = verify_url
         self._secret = secret
+        self._timeout = timeout
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(timeout=timeout)
 
@@ -76,15 +90,23 @@ class WebhookDeliverer:
             SESSION_HEADER: ses,
         }
         try:
-            response = await self._client.post(self.url, content=body, headers=headers)
+            answer = await bounded_request(
+                self._client,
+                "POST",
+                self.url,
+                content=body,
+                headers=headers,
+                limit=SEND_ANSWER_BYTES,
+                deadline=self._timeout,
+            )
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise transient(exc) from exc  # nothing reached the receiver
         except httpx.HTTPError as exc:
             raise ambiguous(exc) from exc  # it may have been received and acted on
-        status = response.status_code
+        status = answer.status
         if 200 <= status < 300:
             return
-        detail = f"webhook answered {status}: {response.text[:200]}"
+        detail = f"webhook answered {status}: {answer.text()[:200]}"
         if status == 429:
             raise transient(detail)
         if 400 <= status < 500:
@@ -95,15 +117,29 @@ class WebhookDeliverer:
         """Ask the verify URL whether the receiver has the entry (unreachable: inconclusive)."""
         if self.verify_url is None:
             raise RuntimeError("no verify_url configured")
-        response = await self._client.get(self.verify_url, params={"id": entry.id})
-        if response.status_code != 200:
+        answer = await bounded_request(
+            self._client,
+            "GET",
+            self.verify_url,
+            params={"id": entry.id},
+            limit=VERIFY_ANSWER_BYTES,
+            deadline=self._timeout,
+        )
+        if answer.status != 200:
             return Verdict.INCONCLUSIVE
-        answer = response.text.strip()
-        if response.headers.get("content-type", "").startswith("application/json"):
-            data = response.json()
-            answer = str(data.get("status", "")) if isinstance(data, dict) else ""
+        if why := answer.incomplete:
+            # Never a verdict on part of an answer: "delivered" + padding is not "delivered".
+            log.warning("verify URL answer is %s: inconclusive", why, extra={"entry": entry.id})
+            return Verdict.INCONCLUSIVE
+        word = answer.text().strip()
+        if answer.headers.get("content-type", "").startswith("application/json"):
+            try:
+                data = answer.json()
+            except MalformedAnswer:
+                return Verdict.INCONCLUSIVE
+            word = str(data.get("status", "")) if isinstance(data, dict) else ""
         return {"delivered": Verdict.DELIVERED, "absent": Verdict.ABSENT}.get(
-            answer.lower(), Verdict.INCONCLUSIVE
+            word.lower(), Verdict.INCONCLUSIVE
         )
 
     async def aclose(self) -> None:
