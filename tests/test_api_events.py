@@ -22,6 +22,7 @@ from prompt_outbox.storage.client import Client
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, eventually
 from tests.test_api import ALICE, URL, serve
+from tests.test_events import ARABIC_INDIC
 
 EVENTS = URL.removesuffix("/prompts") + "/events"
 JSON_TYPE = "application/json"
@@ -105,6 +106,13 @@ async def test_a_resume_point_out_of_range_is_400_and_one_ahead_of_the_log_a_res
     for bad in ("99999999999999999999-0", "0-18446744073709551616"):
         r = await http.get(EVENTS, headers={**ALICE, "Last-Event-ID": bad})
         assert (r.status_code, r.json()["error"]) == (400, "invalid_event_id"), r.text
+    # A header cannot carry other scripts' digits; the query can. A real position in
+    # Arabic-Indic digits passed the check and reached XREAD (a 500).
+    async with http.stream("GET", EVENTS, headers=ALICE) as r:
+        position = (await Sse(r).next())["id"]
+    arabic = position.translate(ARABIC_INDIC)
+    r = await http.get(EVENTS, params={"lastEventId": arabic}, headers=ALICE)
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_event_id"), r.text
     # In range but past the log's last event (made up): a reset, never a silent gap.
     ahead = {**ALICE, "Last-Event-ID": "18446744073709551615-18446744073709551615"}
     async with http.stream("GET", EVENTS, headers=ahead) as r:

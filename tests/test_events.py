@@ -166,3 +166,21 @@ def test_event_ids_past_64_bits_are_refused(bad: str) -> None:
     with pytest.raises(InvalidEventId, match="2\\^64"):
         parse_event_id(bad)
     assert parse_event_id("18446744073709551615-18446744073709551615") == (2**64 - 1, 2**64 - 1)
+
+
+ARABIC_INDIC = str.maketrans("0123456789", "".join(chr(0x660 + d) for d in range(10)))
+FULLWIDTH = str.maketrans("0123456789", "".join(chr(0xFF10 + d) for d in range(10)))
+
+
+@pytest.mark.parametrize(
+    "digits",
+    [
+        "1700000000000-0".translate(ARABIC_INDIC),
+        "1700-0".translate(FULLWIDTH),
+        "1".translate(FULLWIDTH) + "-0",
+    ],
+)
+def test_event_ids_are_ascii_digits_only(digits: str) -> None:
+    # int() reads any script's digits and \d matched them: they reached XREAD (a 500).
+    with pytest.raises(InvalidEventId):
+        parse_event_id(digits)

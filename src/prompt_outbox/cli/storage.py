@@ -45,7 +45,7 @@ class ByteSize(click.ParamType[int, Any]):
         text = str(value).strip().lower()
         unit = _SIZE_UNITS.get(text[-2:], 1)
         number = text[:-2] if unit > 1 else text
-        if not number.isdigit():
+        if not (number.isascii() and number.isdigit()):
             self.fail(f"{value!r} is not a size (e.g. 2gb, 512mb, or bytes)", param, ctx)
         return int(number) * unit
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .entry import Entry
 from .errors import InvalidEventId
 
-_EVENT_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+_EVENT_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")  # ASCII only: \d takes any digits
 _MAX_PART = 2**64 - 1  # a stream ID's parts are unsigned 64-bit: Valkey refuses the rest
 
 

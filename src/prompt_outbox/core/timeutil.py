@@ -13,7 +13,7 @@ Clock = Callable[[], datetime]
 _GO_ZERO_YEAR = 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
-_FRACTION = re.compile(r"\.(\d+)")
+_FRACTION = re.compile(r"\.([0-9]+)")
 _OWN_LENGTH = len("2026-12-02T18:13:35.123456Z")
 
 

@@ -174,7 +174,7 @@ def _page_cursor(cursor: str) -> tuple[int, int, int]:
     if not cursor:
         return 0, 0, 0
     parts = cursor.split(":")
-    if len(parts) != 3 or not all(p.isdigit() and len(p) <= 20 for p in parts):
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() and len(p) <= 20 for p in parts):
         raise InvalidInput(f"not a workspace page cursor: {cursor!r}")
     b, pos, skip = (int(p) for p in parts)
     if b >= len(buckets()) or pos >= 2**64:  # HSCAN takes an unsigned 64-bit cursor
