@@ -293,6 +293,19 @@ async def test_admin_park_unpark_sweep_cleanup(
     assert (await http.delete("/v1/workspaces/a:b", headers=OPS)).status_code == 400
 
 
+@pytest.mark.parametrize(
+    "body", ['{"reason": NaN}', '{"reason": -Infinity}', '{"reason": "x", "y": NaN}']
+)
+async def test_a_typed_body_with_nan_or_an_unknown_field_is_422_not_500(
+    http: httpx.AsyncClient, body: str
+) -> None:
+    # The refusal echoed the input, and NaN made that answer unencodable (a 500); an unknown
+    # field holding NaN was ignored (a 200).
+    r = await http.post("/v1/workspaces/acme/park", content=body, headers=OPS)
+    assert (r.status_code, r.json()["error"]) == (422, "invalid_request"), r.text
+    assert all("input" not in problem for problem in r.json()["detail"])
+
+
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -174,7 +174,10 @@ async def _invalid_request(_: Request, exc: RequestValidationError) -> Response:
         if len(loc) == 2 and loc[0] == "path" and loc[1] in PATH_IDS:
             problem = _id_problem(PATH_IDS[loc[1]], err.get("input"))
             return error_response(400, InvalidId.code, problem)
-    return error_response(422, "invalid_request", json.loads(json.dumps(exc.errors(), default=str)))
+    # What was wrong and where, never the input itself: it is the caller's own (and a NaN in
+    # it would make this very answer unencodable: a 500).
+    problems = [{k: err[k] for k in ("type", "loc", "msg") if k in err} for err in exc.errors()]
+    return error_response(422, "invalid_request", json.loads(json.dumps(problems, default=str)))
 
 
 async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.validate import MAX_REASON, MAX_USER_ID, VISIBLE_CHARACTER
 
@@ -52,6 +52,10 @@ class Retried(BaseModel):
 
 
 class ParkIn(BaseModel):
+    # Unknown fields are refused, not ignored: a typo, or a NaN in a field nobody reads, is
+    # the caller's to hear about (422), as every other body's.
+    model_config = ConfigDict(extra="forbid")
+
     reason: str = Field(
         max_length=MAX_REASON,
         pattern=VISIBLE_CHARACTER,
