@@ -7,6 +7,7 @@ code (``InvalidInput.code``), so this module only picks the HTTP status; no rout
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -30,6 +31,8 @@ from ..core.errors import (
 from ..core.keys import ID_PATTERN, MAX_ID_LENGTH, check_id
 from ..storage.store import UNAVAILABLE
 from .params import PATH_IDS
+
+log = logging.getLogger("prompt_outbox.api")
 
 
 class ApiError(Exception):
@@ -162,7 +165,10 @@ UNAVAILABLE_RETRY_AFTER = {"Retry-After": "2"}
 
 
 async def _storage_down(_: Request, exc: Exception) -> Response:
-    detail = f"Valkey is unreachable: {exc}"
+    # The error names the server's address (and the route may be /readyz, open to anyone):
+    # the operator reads it in the log, the caller learns only that it should retry.
+    log.warning("Valkey is unreachable: %s", exc)
+    detail = "Valkey is unreachable: retry shortly"
     return error_response(503, "storage_unavailable", detail, headers=UNAVAILABLE_RETRY_AFTER)
 
 
