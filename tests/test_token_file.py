@@ -99,3 +99,16 @@ def test_serve_warns_of_a_token_file_others_may_read(tmp_path: Path) -> None:
     junk.write_text("[" * 100_000)
     done = CliRunner().invoke(main, ["serve", "--tokens", str(junk)])
     assert done.exit_code == 2 and "not JSON" in done.output
+
+
+def test_lookup_finds_each_of_many_tokens_and_nothing_else() -> None:
+    # One dict lookup by the token's digest (api/auth.py): exact matches only.
+    rows = [
+        {"token": f"tok-{n:05d}", "user": f"u{n}", "workspaces": [f"w{n}"]} for n in range(20_000)
+    ]
+    table = TokenTable.from_json(json.dumps({"tokens": rows}))
+    for n in (0, 7, 19_999):
+        found = table.lookup(f"tok-{n:05d}")
+        assert found is not None and found.user_id == f"u{n}"
+    for wrong in ("tok-0000", "tok-000000", "TOK-00000", "tok-00000 ", ""):
+        assert table.lookup(wrong) is None

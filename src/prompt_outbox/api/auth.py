@@ -8,7 +8,6 @@ and the route dependencies that check them (``Caller``, ``Admin``).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import re
 from dataclasses import dataclass
@@ -48,8 +47,11 @@ class TokenTable:
     """Token -> Principal. ``disabled`` (loopback development only) lets every request in."""
 
     def __init__(self, principals: dict[str, Principal], *, disabled: bool = False) -> None:
-        self._principals = principals
         self.disabled = disabled
+        # By the token's SHA-256: one dict lookup whatever the number of tokens (a loop of
+        # compare_digest over 40 000 tokens cost 5 ms a request, without a token). The digest
+        # of what the caller sent tells it nothing about the stored tokens' bytes.
+        self._by_digest = {_digest(token): p for token, p in principals.items()}
         self._by_id = {token_id(token): p for token, p in principals.items()}
         self.ticket_key = hashlib.sha256(
             b"prompt-outbox stream tickets\x00"
@@ -118,12 +120,11 @@ class TokenTable:
             return DEV_PRINCIPAL
         if not token:
             return None
-        # Compare every token in constant time: no timing hint about which prefix matched.
-        found = None
-        for known, principal in self._principals.items():
-            if hmac.compare_digest(known.encode(), token.encode()):
-                found = principal
-        return found
+        return self._by_digest.get(_digest(token))
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
 def token_id(token: str) -> str:
