@@ -48,6 +48,19 @@ async def test_a_token_past_its_rate_gets_429_and_nothing_is_written(outbox: Out
         assert junk.status_code == 429
 
 
+async def test_edits_spend_the_same_bucket(outbox: Outbox) -> None:
+    # An edit logs the whole entry again: unmetered, one token's edits filled Valkey.
+    async for http in serve(outbox, accept_rate=RateLimit(per_second=0.01, burst=2)):
+        accepted = await http.post(URL, content=_body(0), headers=ALICE)
+        assert accepted.status_code == 202
+        url = f"{URL}/{accepted.json()['id']}"
+        assert (await http.patch(url, json={"text": "edited"}, headers=ALICE)).status_code == 200
+        refused = await http.patch(url, json={"text": "again"}, headers=ALICE)
+        assert (refused.status_code, refused.json()["error"]) == (429, "rate_limited")
+        [entry] = await outbox.list("acme", "chat-1")
+        assert entry.text == "edited"
+
+
 def test_the_default_limit_is_on(outbox: Outbox) -> None:
     # create_app with no accept_rate is limited (the safe default), and so is serve.
     app = create_app(outbox, TOKENS)

@@ -180,3 +180,47 @@ async def test_the_first_reading_is_taken_before_the_first_accept(
     for i in range(20):
         await outbox.accept(WS, "s1", "u", f"c{i}", "hello")
     assert await info_calls(client, node) - before == 1  # info_calls' own INFO
+
+
+async def test_edits_stop_at_the_ceiling_too(
+    client: Client, clock: ManualClock, ceiling: int
+) -> None:
+    # An edit logs the whole entry again: under no bound, one tenant's edits filled Valkey
+    # past every other tenant's accepts (red-team hole 3).
+    outbox = Outbox(client, TUNABLES, clock=clock)
+    await outbox.accept(WS, "edited", "u", "first", "short")
+    [entry] = await outbox.list(WS, "edited")
+    # Well past the ceiling (used at 0.9 of maxmemory) and below Valkey's own refusal: no
+    # byte freed meanwhile can bring it back under (the fixture gives the maxmemory back).
+    node = node_of(client, WS)
+    used = (await memory(client, node))["used"]
+    await on_node(client, node, "CONFIG", "SET", "maxmemory", str(int(used / 0.9)))
+    with pytest.raises(StorageFull):
+        await outbox.edit(WS, "edited", entry.id, text=TEXT)
+    [same] = await outbox.list(WS, "edited")
+    assert same.text == "short"  # nothing written
+    async for http in serve(outbox):
+        url = f"/v1/workspaces/acme/sessions/edited/prompts/{entry.id}"
+        r = await http.patch(url, json={"text": "another"}, headers=ALICE)
+        assert (r.status_code, r.json()["error"]) == (503, "storage_full"), r.text
+
+
+async def test_valkey_refusing_a_write_for_memory_is_503_not_500(
+    client: Client, clock: ManualClock
+) -> None:
+    # Past maxmemory (noeviction) Valkey itself refuses the write, whatever our ceiling said.
+    node = node_of(client, WS)
+    before = await memory(client, node)
+    blind = replace(TUNABLES, memory_check_interval=3600.0)  # read once, before the change
+    outbox = Outbox(client, blind, clock=clock)
+    await outbox.check_durability()  # takes the reading: no maxmemory, no ceiling
+    await on_node(client, node, "CONFIG", "SET", "maxmemory", str(before["used"] // 2))
+    try:
+        async for http in serve(outbox):
+            body = {"clientMessageID": "oom-1", "text": "hello"}
+            url = "/v1/workspaces/acme/sessions/oom/prompts"
+            r = await http.post(url, json=body, headers=ALICE)
+    finally:
+        await on_node(client, node, "CONFIG", "SET", "maxmemory", str(before["max"]))
+    assert (r.status_code, r.json()["error"]) == (503, "storage_full"), r.text
+    assert await outbox.list(WS, "oom") == []

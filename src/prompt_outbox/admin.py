@@ -15,7 +15,7 @@ from dataclasses import replace
 from .core import machine
 from .core.callbacks import BulkResult, DismissResult, EditResult, RetryResult
 from .core.entry import Entry, Status, decode_entry
-from .core.errors import InvalidInput
+from .core.errors import InvalidInput, StorageFull
 from .core.failpoints import CrashPoint, reached
 from .core.keys import SessionKeys, WorkspaceKeys, check_id, session_keys, workspace_keys
 from .core.metrics import Metrics
@@ -112,6 +112,11 @@ class Admin:
         text = None if text is None else check_text(text)
         new_model = None if model is None else check_model(model)
         k = session_keys(workspace_id, session_id)
+        # An edit logs the whole entry again (its event): it grows memory as an accept does,
+        # so it stops at the same ceiling.
+        over = await self.store.memory.over(k)
+        if over is not None:
+            raise StorageFull(over.used, over.limit)
         for _ in range(3):
             snap = await self._settled(k)
             if snap.locked:

@@ -394,7 +394,8 @@ class Outbox:
         either as it is) of a pending or error entry before it is sent. An error entry stays
         in error until it is retried. BUSY while the session lock is held; NOT_EDITABLE once
         the entry is staged, verifying or parked; NOT_FOUND if absent. Emits ``edited``.
-        Bad input raises InvalidInput, as accept's does; so does an edit of neither."""
+        Bad input raises InvalidInput, as accept's does; so does an edit of neither.
+        ``StorageFull`` at accept's memory ceiling (an edit logs the whole entry again)."""
         return await self._admin.edit(workspace_id, session_id, entry_id, text, model)
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:

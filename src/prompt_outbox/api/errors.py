@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from valkey.exceptions import OutOfMemoryError
 
 from ..core.errors import (
     IdempotencyKeyReused,
@@ -79,7 +80,8 @@ ERROR_WHY = {
     422: "a field is missing or of the wrong type; for an accept, idempotency_key_reused: the "
     "key was accepted for another text or model (its id), nothing written",
     429: "the session's outbox is full (or, for events, the token holds too many streams); "
-    "for an accept, rate_limited: the token sends faster than its accept rate (Retry-After); "
+    "for an accept or an edit, rate_limited: the token writes faster than its accept rate "
+    "(Retry-After); "
     "outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap "
     "entries, nothing written (Retry-After)",
     503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
@@ -128,7 +130,7 @@ async def _workspace_full(_: Request, exc: WorkspaceFull) -> Response:
     return error_response(429, "workspace_full", str(exc), headers=FULL_RETRY_AFTER)
 
 
-async def _storage_full(_: Request, exc: StorageFull) -> Response:
+async def _storage_full(_: Request, exc: StorageFull | OutOfMemoryError) -> Response:
     # Not the client's doing, and the server's memory figures are not the client's business.
     detail = "storage is nearly full: nothing was written; send it again later"
     return error_response(503, "storage_full", detail, headers=FULL_RETRY_AFTER)
@@ -207,6 +209,8 @@ EXCEPTION_HANDLERS: dict[
     OutboxFull: _outbox_full,
     WorkspaceFull: _workspace_full,  # an OutboxFull with its own code
     StorageFull: _storage_full,
+    # Valkey past its maxmemory refused the write (noeviction): the same answer, not a 500.
+    OutOfMemoryError: _storage_full,
     NotDurable: _not_durable,
     IdempotencyKeyReused: _key_reused,
     SessionBusy: _session_busy,

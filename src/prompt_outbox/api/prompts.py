@@ -193,7 +193,7 @@ async def retry_prompt(
 
 @router.patch(
     SESSION + "/prompts/{entry_id}",
-    responses={200: {"model": EditedOut}, **errors(404, 409, 413)},
+    responses={200: {"model": EditedOut}, **errors(404, 409, 413, 429)},
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -212,6 +212,7 @@ async def edit_prompt(
     """Edit a pending or error entry's text or model before it is sent: 200, 404 (absent),
     409 ``busy`` (a delivery holds the session) or ``not_editable`` (staged, verifying or
     parked). An error entry stays in error until retried. Emits the event ``edited``."""
+    request.app.state.accept_rates.take(caller)  # an edit writes as much as an accept
     body = await request.body()
     fields = _object_fields(body)
     text, model = fields.get("text", (None, ""))[0], fields.get("model", (None, None))[1]
