@@ -10,6 +10,8 @@ from prompt_outbox import Entry, Outbox, ambiguous
 from prompt_outbox.core.keys import WORKSPACE_KEY_PREFIXES, SessionKeys, WorkspaceKeys, buckets
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.replies import text
+from prompt_outbox.storage.store import Store
+from prompt_outbox.storage.walk import Walk
 from tests.agents import ScriptedAgent, WorkerDied, dying_agent
 from tests.conftest import ManualClock
 
@@ -132,3 +134,25 @@ async def test_cleanup_deletes_exactly_its_workspace_and_no_neighbour(
     assert await manual_outbox.cleanup_workspace("acme") == 0  # idempotent
     # acme starts afresh: its dedupe markers went too.
     await manual_outbox.accept("acme", "s1", "u", "a", "text a")
+
+
+async def test_what_a_writer_adds_during_a_pass_is_taken_by_the_next(client: Client) -> None:
+    # A delivery under way may write once more behind the first pass's SCAN (red-team
+    # hole 6: pieces of a deleted workspace stayed, one with no expiry).
+    late = SessionKeys("acme", "late").queue
+
+    class Racing(Walk):
+        passes = 0
+
+        async def _delete_owned(self, w: WorkspaceKeys) -> int:
+            removed = await super()._delete_owned(w)
+            self.passes += 1
+            if self.passes == 1:
+                await client.rpush(late, "written behind the first pass")
+            return removed
+
+    await client.set(SessionKeys("acme", "s").lock, "x")
+    walk = Racing(client, Store(client).due)
+    assert await walk.cleanup_workspace(WorkspaceKeys("acme")) == 2
+    assert not await client.exists(late)
+    assert walk.passes == 3  # the third found nothing: done

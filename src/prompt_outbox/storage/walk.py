@@ -14,6 +14,8 @@ from .client import Client
 from .dueindex import DueIndex
 from .replies import text
 
+CLEANUP_PASSES = 3
+"""SCAN-and-delete passes a cleanup makes at most (see ``cleanup_workspace``)."""
 _WALK_BATCH = 256  # workspaces whose session sets one pipelined read of all_sessions takes
 
 
@@ -144,6 +146,19 @@ class Walk:
         an accept racing the cleanup registers it again (its entry may survive, and must stay
         found)."""
         await self.due.forget(w)
+        removed = 0
+        # Again while a pass still found keys: a delivery under way when the cleanup began
+        # may write once more (a lease it took again, a recovery) behind the first pass's
+        # SCAN. What a writer adds after the last pass stays (an accept racing the cleanup
+        # is kept on purpose); running the cleanup again removes the rest.
+        for _ in range(CLEANUP_PASSES):
+            found = await self._delete_owned(w)
+            removed += found
+            if not found:
+                break
+        return removed
+
+    async def _delete_owned(self, w: WorkspaceKeys) -> int:
         removed = 0
         batch: list[Any] = []
         async for key in self.client.scan_iter(match=w.scan_pattern, count=500):
