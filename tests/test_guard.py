@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import resource
 import select
 import signal
 import socket
@@ -18,18 +20,25 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from prompt_outbox import Outbox
 from prompt_outbox.api import TokenTable, create_app
 from prompt_outbox.api.deadline import Deadline
 from prompt_outbox.api.guard import SMALL_BODY_BYTES, is_loopback_authority
 from prompt_outbox.api.prompts import MAX_BODY_BYTES
-from prompt_outbox.cli.heads import MAX_HEAD_BYTES, MAX_LINE_BYTES
+from prompt_outbox.api.streams import DEFAULT_PER_PROCESS
+from prompt_outbox.cli.heads import (
+    CONNECTIONS_BEYOND_STREAMS,
+    FILES_BEYOND_CONNECTIONS,
+    MAX_HEAD_BYTES,
+    MAX_LINE_BYTES,
+    HeadClock,
+)
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 from tests.replication import ReplicatedPair
 from tests.test_api import ALICE, OPS, TOKENS, URL
@@ -326,23 +335,28 @@ def exchange(port: int, head: bytes, pieces: Iterable[bytes] = ()) -> tuple[dict
                 break
             sent += len(piece)
         sock.settimeout(10)
-        raw = b""
-        while b"\r\n\r\n" not in raw:
-            got = sock.recv(65536)
-            assert got, f"closed without an answer after {sent} bytes"
-            raw += got
-        head_part, _, body = raw.partition(b"\r\n\r\n")
-        lines = head_part.decode("latin-1").split("\r\n")
-        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-        while len(body) < int(headers["content-length"]):
-            body += sock.recv(65536)
+        answer = read_answer(sock, f"after {sent} bytes")
         try:
-            closed = sock.recv(65536) == b""
+            answer["closed"] = sock.recv(65536) == b""
         except ConnectionResetError:
-            closed = True
-        answer = {"status": int(lines[0].split()[1]), "headers": headers, "json": json.loads(body)}
-        answer["closed"] = closed
+            answer["closed"] = True
         return answer, sent
+
+
+def read_answer(sock: socket.socket, where: str = "") -> dict[str, Any]:
+    """One answer (with a Content-Length) off ``sock``: status, headers, json (or None)."""
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        got = sock.recv(65536)
+        assert got, f"closed without an answer {where}"
+        raw += got
+    head_part, _, body = raw.partition(b"\r\n\r\n")
+    lines = head_part.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(body) < int(headers["content-length"]):
+        body += sock.recv(65536)
+    parsed = json.loads(body) if headers.get("content-type") == "application/json" else None
+    return {"status": int(lines[0].split()[1]), "headers": headers, "json": parsed}
 
 
 def _readable(sock: socket.socket, wait: float = 0.0) -> bool:
@@ -611,3 +625,289 @@ async def test_the_deadline_cuts_only_an_answer_not_yet_started() -> None:
         assert slow.headers["retry-after"] == "2"
         assert (await http.get("/stream")).text == "all of it"
         assert (await http.get("/broken")).status_code == 500  # not taken for the deadline's
+
+
+# -- slow clients: the head's bound, the body's, the connection cap ----------------------------
+
+HEAD_S = 1.0  # --head-timeout in these tests
+BODY_S = 1.5  # --request-deadline: above --durability-timeout 0.5
+BOUND = 8.0  # "cut before this": generous, the bounds above being 1-1.5 s
+TRICKLE = 0.2  # a byte (or a chunk) every 0.2 s: an idle timer of 1 s would never fire
+
+
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def slow_edge(request: pytest.FixtureRequest, valkey_server: EmbeddedValkey) -> Iterator[int]:
+    """A serve (no auth) on each HTTP stack with short head and body bounds; its port."""
+    port = free_port()
+    args = ["--no-auth", "--port", str(port), "--valkey-url", valkey_server.url]
+    timing = ["--head-timeout", str(HEAD_S), "--durability-timeout", "0.5"]
+    timing += ["--request-deadline", str(BODY_S)]
+    with service([*args, *timing, "--http", request.param]):
+        wait_healthy(port)
+        yield port
+
+
+def _trickled(piece: bytes, *, for_s: float = BOUND + 2) -> Iterator[bytes]:
+    """``piece`` byte by byte, one every ``TRICKLE`` s, repeated for ``for_s`` seconds."""
+    end = time.monotonic() + for_s
+    while True:
+        for byte in piece:
+            if time.monotonic() >= end:
+                return
+            time.sleep(TRICKLE)
+            yield bytes([byte])
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bytes:
+    """What the server sends until it closes ``sock``; fails when it is open after ``seconds``."""
+    sock.settimeout(seconds)
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        raise AssertionError(f"still open after {seconds} s") from None
+    return got
+
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+
+
+def _session(port: int, name: str) -> str:
+    """A session of this serve's own (the two stacks share one Valkey)."""
+    return f"/v1/workspaces/dev/sessions/{name}-{port}"
+
+
+def _post_head(port: int, name: str) -> bytes:
+    return f"POST {_session(port, name)}/prompts HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_head_timeout(slow_edge: int) -> None:
+    # uvicorn arms its keep-alive timer only after an answer: such a connection was held forever.
+    with socket.create_connection(("127.0.0.1", slow_edge)) as sock:
+        assert _closed_within(sock, BOUND) == b""  # nothing came: no answer, only the close
+
+
+def test_a_head_trickled_byte_by_byte_is_cut_at_its_bound(slow_edge: int) -> None:
+    # Each byte used to reset nothing at all; an idle timer would be reset by each: the bound
+    # is a total.
+    started = time.monotonic()
+    answer, _ = exchange(slow_edge, HEALTHZ, _trickled(b"X-Slow: a\r\n"))
+    assert (answer["status"], answer["json"]["error"]) == (408, "request_timeout")
+    assert answer["closed"] and time.monotonic() - started < BOUND
+
+
+def test_a_trickled_chunked_body_is_cut_at_the_deadline(slow_edge: int) -> None:
+    # The guard reads a chunked body itself, and it ran before the deadline: unbounded.
+    head = _post_head(slow_edge, "chunked")
+    head += b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    started = time.monotonic()
+    answer, _ = exchange(slow_edge, head, (b"1\r\n \r\n" for _ in _trickled(b"x" * 1000)))
+    assert (answer["status"], answer["json"]["error"]) == (408, "request_timeout")
+    assert answer["closed"] and time.monotonic() - started < BOUND
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["stalled", "trickled"])
+def test_a_content_length_body_that_never_completes_is_cut(slow_edge: int, trickle: bool) -> None:
+    # It was under the deadline already, but answered 503 deadline_exceeded ("Valkey is
+    # slow", retry) and kept the connection, whose bytes kept coming.
+    name = f"slow{trickle:d}"
+    head = _post_head(slow_edge, name)
+    head += b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    pieces = _trickled(b" " * 1000) if trickle else iter(())
+    answer, _ = exchange(slow_edge, head + b'{"clientMessageID": "slow", ', pieces)
+    assert (answer["status"], answer["json"]["error"]) == (408, "request_timeout")
+    assert answer["closed"]
+    listed = httpx.get(f"http://127.0.0.1:{slow_edge}{_session(slow_edge, name)}/prompts")
+    assert listed.json() == {"entries": []}
+
+
+def test_a_body_sent_after_its_answer_is_cut_at_the_head_timeout(slow_edge: int) -> None:
+    # /healthz answers without reading a body: each byte of it, trickled afterwards, cancelled
+    # uvicorn's keep-alive timer, which is armed again only by the next answer.
+    head = HEALTHZ + b"Content-Type: application/json\r\nContent-Length: 10000\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", slow_edge), timeout=10) as sock:
+        sock.sendall(head)
+        assert read_answer(sock)["status"] == 200
+        started = time.monotonic()
+        sock.setblocking(False)
+        for byte in _trickled(b" " * 10000):
+            if _readable(sock):
+                break
+            try:
+                sock.send(byte)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        assert _closed_within(sock, 1) == b""
+        assert time.monotonic() - started < BOUND
+
+
+def test_a_keep_alive_client_sending_back_to_back_is_never_cut(slow_edge: int) -> None:
+    # One connection, three times the head bound, requests with short pauses between: each
+    # head and body comes at once, so none is cut, however long the connection lives.
+    body = b'{"clientMessageID": "k%d", "text": "t"}'
+    post = _post_head(slow_edge, "keep-alive") + b"Content-Type: application/json\r\n"
+    with socket.create_connection(("127.0.0.1", slow_edge), timeout=10) as sock:
+        end, n = time.monotonic() + 3 * HEAD_S, 0
+        while time.monotonic() < end:
+            sock.sendall(HEALTHZ + b"\r\n")
+            assert read_answer(sock, f"for request {n}")["status"] == 200
+            prompt = body % n
+            length = b"Content-Length: %d\r\n\r\n" % len(prompt)
+            sock.sendall(post + length + prompt)
+            assert read_answer(sock, f"for request {n}")["status"] == 202
+            n += 1
+            time.sleep(HEAD_S / 3)
+    assert n >= 3
+
+
+def test_an_open_event_stream_is_never_cut(slow_edge: int) -> None:
+    base = f"http://127.0.0.1:{slow_edge}" + _session(slow_edge, "stream")
+    with httpx.stream("GET", base + "/events", timeout=10) as events:
+        assert events.status_code == 200
+        lines = events.iter_lines()
+        while not next(lines).startswith("data:"):  # the reset: the answer has begun
+            pass
+        time.sleep(HEAD_S + BODY_S + 1)  # past both bounds, the stream is still open
+        accept = {"clientMessageID": "s1", "text": "t"}
+        r = httpx.post(base + "/prompts", json=accept)
+        assert r.status_code == 202
+        update = next(line for line in lines if line.startswith("data:"))
+        assert '"s1"' in update
+
+
+@pytest.mark.parametrize("http_parser", ["httptools", "h11"])
+def test_connections_past_the_cap_are_answered_503_and_closed(
+    valkey_server: EmbeddedValkey, http_parser: str
+) -> None:
+    port = free_port()
+    args = ["--no-auth", "--port", str(port), "--valkey-url", valkey_server.url]
+    with service([*args, "--max-streams", "1", "--max-connections", "3", "--http", http_parser]):
+        wait_healthy(port)
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+                answer = read_answer(extra)  # sent as it is accepted, before any request
+                assert (answer["status"], answer["json"]["error"]) == (503, "too_many_connections")
+                assert answer["headers"]["retry-after"] == "2"
+                assert _closed_within(extra, BOUND) == b""
+        finally:
+            for sock in held:
+                sock.close()
+        deadline = time.monotonic() + 10  # the server sees the closes in a moment
+        while True:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+                break
+            except (httpx.HTTPError, AssertionError):
+                assert time.monotonic() < deadline, "not serving again after the closes"
+                time.sleep(0.05)
+
+
+def test_the_connection_cap_must_exceed_the_stream_cap() -> None:
+    done = subprocess.run(
+        [BIN, "serve", "--no-auth", "--max-streams", "5", "--max-connections", "5"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2 and "must exceed --max-streams" in done.stderr
+
+
+def _open_files_soft(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError("no open-files line")
+
+
+def test_serve_raises_its_open_files_limit_to_hold_its_connections(
+    valkey_server: EmbeddedValkey,
+) -> None:
+    # Services often start at 1024 open files, below --max-streams alone (2000): past it
+    # accepts fail with EMFILE (and asyncio stops accepting for a second) before any cap.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    port = free_port()
+    command = [BIN, "serve", "--no-auth", "--port", str(port), "--valkey-url", valkey_server.url]
+    proc = subprocess.Popen(
+        command,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)),
+        start_new_session=True,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_healthy(port)
+        wanted = DEFAULT_PER_PROCESS + CONNECTIONS_BEYOND_STREAMS + FILES_BEYOND_CONNECTIONS
+        expected = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        assert _open_files_soft(proc.pid) == expected
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# -- in process: the deadline's 408, the head clock's one timer ---------------------------------
+
+
+async def test_the_deadline_answers_408_when_the_body_is_what_is_late() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        while (await receive()).get("more_body"):  # the whole body, then a frozen Valkey
+            pass
+        await asyncio.sleep(60)
+
+    async def call(parts: list[bytes], *, whole: bool) -> list[Message]:
+        """The answer's messages when the body is ``parts``, then (unless ``whole``) nothing:
+        a stalled client."""
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            if not parts:
+                await asyncio.sleep(60)  # the rest of the body never comes
+            part = parts.pop(0)
+            return {"type": "http.request", "body": part, "more_body": bool(parts) or not whole}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
+        await Deadline(app, seconds=0.1)(scope, receive, send)
+        return sent
+
+    late = await call([b'{"a":'], whole=False)
+    assert late[0]["status"] == 408 and (b"connection", b"close") in late[0]["headers"]
+    assert json.loads(late[1]["body"])["error"] == "request_timeout"
+    whole = await call([b'{"a":', b"1}"], whole=True)  # all of it came: the wait is on Valkey
+    assert whole[0]["status"] == 503
+    assert json.loads(whole[1]["body"])["error"] == "deadline_exceeded"
+
+
+async def test_the_head_clock_arms_one_timer_per_connection_not_per_request() -> None:
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+
+    class Counting:  # the running loop, its timers counted
+        def time(self) -> float:
+            return loop.time()
+
+        def call_at(self, when: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+            armed.append(when)
+            return loop.call_at(when, callback)
+
+    expired: list[bool] = []
+    clock = HeadClock(
+        cast(asyncio.AbstractEventLoop, Counting()), 0.2, lambda: expired.append(True)
+    )
+    clock.start()  # the connection made
+    for _ in range(1000):  # requests back to back: each head comes, each answer ends
+        clock.stop()
+        clock.start()
+    assert len(armed) == 1
+    await asyncio.sleep(0.5)  # the last start's bound passed without a head
+    assert expired == [True] and len(armed) <= 2  # fired, re-armed once for the later due
+    clock.start()
+    clock.stop()  # the head came in time
+    await asyncio.sleep(0.5)
+    assert expired == [True]
+    clock.start()
+    clock.cancel()  # the connection went away
+    await asyncio.sleep(0.5)
+    assert expired == [True]

@@ -43,7 +43,8 @@ def create_app(
     ``accept_rate`` bounds the accepts per second of each token (``RateLimit()``'s defaults
     when None; ``RateLimit(0)`` for none); ``count_interval`` is how often, at most, ``/metrics``
     counts the entries by status (seconds; 0: never); ``request_deadline`` bounds the seconds
-    until a request's answer starts (503 past it; ``deadline.request_deadline_for``);
+    until a request's answer starts, its body included (503 past it, 408 if the body is what
+    is late; ``deadline.request_deadline_for``);
     ``api_docs`` serves Swagger UI and ReDoc at ``/docs`` and ``/redoc`` (off by default:
     they load their code from a CDN, onto this origin). With a disabled ``tokens`` (no auth),
     only loopback clients are served (``guard``)."""
@@ -67,9 +68,11 @@ def create_app(
         app.include_router(router)
     mount_ui(app)  # the queue page, out of the OpenAPI
     app.add_middleware(AcceptFastPath)  # the hot route, answered before FastAPI routes it
-    app.add_middleware(Deadline, seconds=deadline)  # over the fast path too
-    # Outside both: a refused request reaches nothing; inside CORS, so refusals get its headers.
+    # Outside the fast path: a refused request reaches nothing; inside CORS, so refusals get
+    # its headers.
     app.add_middleware(RequestGuard, loopback_only=tokens.disabled, origins=cors_origins)
+    # Over the guard too, which reads a chunked body: a body that never ends is cut (408).
+    app.add_middleware(Deadline, seconds=deadline)
     if cors_origins:  # added last, so outermost: the fast path's answers get the headers too
         app.add_middleware(
             CORSMiddleware,

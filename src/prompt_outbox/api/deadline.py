@@ -9,10 +9,16 @@ that cuts the request at ``seconds`` and answers 503 ``deadline_exceeded`` with
 
 The deadline covers the time until the response starts: an event stream is bound until its
 first bytes (the reset), never after. Deliveries are not under it: they run detached in the
-run loop, not under a request. An accept cut by it may have been written: the client sends
-it again with the same ``clientMessageID`` and gets the first accept's ID (a replay), so the
-default stays above ``Tunables.durability_timeout``, past which an accept answers
-``not_durable`` with its entry's ID by itself (``request_deadline_for``).
+run loop, not under a request. It covers the request's body too (``create_app`` installs it
+outside the request guard, which reads a chunked body itself): when it passes while the app
+waits on the body, the client is the slow party, and the answer is 408 ``request_timeout``,
+closing the connection (a client trickling its body holds a connection that long at most).
+The head has its own bound, in the HTTP protocol ``serve`` runs (``cli/heads.py``).
+
+An accept cut by it may have been written: the client sends it again with the same
+``clientMessageID`` and gets the first accept's ID (a replay), so the default stays above
+``Tunables.durability_timeout``, past which an accept answers ``not_durable`` with its
+entry's ID by itself (``request_deadline_for``).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ def request_deadline_for(tunables: Tunables, given: float | None = None) -> floa
 
 class Deadline:
     """ASGI middleware: 503 ``deadline_exceeded`` when the app has not started its answer
-    within ``seconds``."""
+    within ``seconds`` (408 ``request_timeout`` when it is still waiting on the body)."""
 
     def __init__(self, app: ASGIApp, *, seconds: float) -> None:
         if not seconds > 0:
@@ -63,11 +69,15 @@ class Deadline:
         task = asyncio.current_task()
         assert task is not None
         started = fired = False
+        # The app waits on the client when it is in receive() before the body's last part
+        # (a request with no body has its one message waiting, so only a body can be late).
+        reading = body_done = body_late = False
 
         def fire() -> None:
-            nonlocal fired
+            nonlocal fired, body_late
             if not started:
                 fired = True
+                body_late = reading and not body_done
                 task.cancel()
 
         timer = asyncio.get_running_loop().call_later(self.seconds, fire)
@@ -75,14 +85,25 @@ class Deadline:
         async def send_started(message: Message) -> None:
             nonlocal started
             if not started and message["type"] == "http.response.start":
-                if fired:  # the deadline won the race: its 503 is the answer
+                if fired:  # the deadline won the race: its 503 (or 408) is the answer
                     raise asyncio.CancelledError
                 started = True
                 timer.cancel()  # the answer has begun: a stream may run on
             await send(message)
 
+        async def receive_seen() -> Message:
+            nonlocal reading, body_done
+            reading = True
+            try:
+                message = await receive()
+            finally:
+                reading = False
+            if not message.get("more_body", False):
+                body_done = True
+            return message
+
         try:
-            await self.app(scope, receive, send_started)
+            await self.app(scope, receive_seen, send_started)
         except asyncio.CancelledError:
             if not fired or task.uncancel() > 0:
                 raise  # not ours, or cancelled for another reason too (a shutdown)
@@ -92,6 +113,9 @@ class Deadline:
             task.uncancel()  # the app swallowed our cancel and returned without an answer
         finally:
             timer.cancel()
+        if body_late:
+            await _body_late(scope, receive, send, self.seconds)
+            return
         response = error_response(
             503,
             "deadline_exceeded",
@@ -101,3 +125,10 @@ class Deadline:
             headers=UNAVAILABLE_RETRY_AFTER,
         )
         await response(scope, receive, send)
+
+
+async def _body_late(scope: Scope, receive: Receive, send: Send, seconds: float) -> None:
+    # Connection: close: the rest of the body must not be read as the next request.
+    detail = f"the request body did not arrive within {seconds:g} s"
+    response = error_response(408, "request_timeout", detail, headers={"Connection": "close"})
+    await response(scope, receive, send)

@@ -19,9 +19,11 @@ and refuses, in this order, with the JSON error shape of ``errors`` and ``Connec
    (no ``Content-Length`` or 0, and no chunks) needs no content type.
 4. A body over the route's limit: 413 ``body_too_large``, judged on ``Content-Length``
    before a byte of it is read, or on the running count of a chunked body (read here, up to
-   the limit, then handed on). Both come before auth: a flood without a token costs what its
-   head costs. The accept and edit routes take ``MAX_BODY_BYTES`` (a text at its limit,
-   JSON-escaped); every other route ``SMALL_BODY_BYTES``.
+   the limit, then handed on; under the request deadline, which ``create_app`` installs
+   outside this middleware, so a body that never ends is cut: 408 ``request_timeout``).
+   Both come before auth: a flood without a token costs what its head costs. The accept
+   and edit routes take ``MAX_BODY_BYTES`` (a text at its limit, JSON-escaped); every other
+   route ``SMALL_BODY_BYTES``.
 
 The head itself (its lines and its size) is capped earlier, by the HTTP protocol serve runs
 (``cli/heads.py``). Cost on the hot path: one pass over the header list, no await of its own

@@ -1,4 +1,5 @@
-"""The request head, capped by the HTTP protocol ``serve`` runs (issue 22, finding 2).
+"""The HTTP edge of ``serve``: uvicorn's two HTTP/1.1 protocols with the request head capped
+and timed, and the connections counted (issue 22, finding 2 and its slow-client follow-up).
 
 uvicorn reads a request's head whole before the app sees it, with no bound of its own on the
 httptools side: one 100 MB header line took 23 s of the event loop (which the delivery
@@ -12,6 +13,23 @@ HTTP/1.1 protocols refuse a head over ``MAX_HEAD_BYTES`` in all, a header line o
 - a complete head is measured by ``head_refusal`` before the app is called.
 
 Anything else the parser refuses gets a JSON 400 ``bad_request`` instead of uvicorn's text.
+
+Slow clients (slowloris). uvicorn has no bound on the time a head takes: a connection that
+never sends a byte is held forever (its keep-alive timer is armed only after a response), and
+one that sends a byte every few seconds cancels that timer with each byte. Here, from the
+moment the server waits on the client (the connection made, or the previous answer sent), the
+next head must be whole within ``Edge.head_timeout``: a total bound (``HeadClock``), not an
+idle timer. Past it the connection is closed, after a 408 ``request_timeout`` if part of a
+head had come (a silent connection gets no answer: it may be an idle keep-alive connection
+whose client is sending a request right now, and would read the 408 as that request's
+answer). The time after the head (the body, the answer) belongs to the app, whose deadline
+(``api/deadline.py``) covers it, body included. The rest of a body the app did not read,
+sent after the answer, counts against the next head's bound.
+
+The connections one serve holds at once are capped (``Edge.max_connections``): one past it
+is answered 503 ``too_many_connections`` with ``Retry-After`` and closed as it is accepted,
+before it costs more than its socket, so that slow or idle clients cannot take the process's
+file descriptors (at which point accepts stall for everyone, the health probes included).
 """
 
 from __future__ import annotations
@@ -19,13 +37,21 @@ from __future__ import annotations
 import asyncio
 import http
 import json
-from collections.abc import Iterable
+import logging
+import resource
+import time
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from ..api.errors import UNAVAILABLE_RETRY_AFTER
+
+log = logging.getLogger("prompt_outbox.cli")
 
 MAX_HEAD_BYTES = 32 * 1024
 """A request head in all (request line and headers): what nginx takes by default, and twice
@@ -34,6 +60,17 @@ adds (cookies of other apps on localhost among them)."""
 MAX_LINE_BYTES = 8 * 1024
 """One header line, or the request target: nginx's default buffer, the length RFC 9112 asks
 a server to take at least."""
+HEAD_TIMEOUT = 10.0
+"""Seconds a client has for a whole request head. A head of ours is one packet (under 1 KiB:
+a token, a key); even one at ``MAX_HEAD_BYTES`` takes 3 s at 10 KB/s, a poor mobile link.
+nginx's ``client_header_timeout`` is 60 s, but as an idle timer between reads; this is a
+total, so a slowloris holds a connection 10 s at most, whatever it trickles."""
+CONNECTIONS_BEYOND_STREAMS = 2000
+"""The default connection cap is ``--max-streams`` plus this: room for every event stream and
+as many keep-alive clients besides (a reverse proxy in front holds a few dozen)."""
+FILES_BEYOND_CONNECTIONS = 512
+"""File descriptors serve wants besides its HTTP connections: Valkey connections (one per
+cluster node and pool slot), the embedded server's pipes, logs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +80,7 @@ class Refusal:
     status: int
     code: str
     detail: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
     def response(self, default_headers: Iterable[tuple[bytes, bytes]]) -> bytes:
         """The whole answer, JSON as the API's refusals are, closing the connection."""
@@ -50,6 +88,7 @@ class Refusal:
         phrase = http.HTTPStatus(self.status).phrase
         head = [f"HTTP/1.1 {self.status} {phrase}\r\n".encode()]
         head += [name + b": " + value + b"\r\n" for name, value in default_headers]
+        head += [name + b": " + value + b"\r\n" for name, value in self.headers]
         head += [
             b"content-type: application/json\r\n",
             b"content-length: %d\r\n" % len(body),
@@ -78,17 +117,169 @@ def head_refusal(target: int, headers: Iterable[tuple[bytes, bytes]]) -> Refusal
     return HEAD_TOO_LARGE if total > MAX_HEAD_BYTES else None
 
 
+class Edge:
+    """What the connections of one serve share: the head timeout and the connection cap
+    (None: no cap). ``capped_protocol`` binds one to the protocol class uvicorn runs."""
+
+    WARN_EVERY = 60.0  # seconds between two log lines about refused connections
+
+    def __init__(
+        self, head_timeout: float = HEAD_TIMEOUT, max_connections: int | None = None
+    ) -> None:
+        if not head_timeout > 0:
+            raise ValueError(f"the head timeout must be > 0 s, got {head_timeout!r}")
+        if max_connections is not None and max_connections < 1:
+            raise ValueError(f"the connection cap must be >= 1, got {max_connections!r}")
+        self.head_timeout = head_timeout
+        self.max_connections = max_connections
+        self.timed_out = Refusal(
+            408, "request_timeout", f"the request head did not arrive within {head_timeout:g} s"
+        )
+        retry = UNAVAILABLE_RETRY_AFTER["Retry-After"].encode()
+        self.too_many = Refusal(
+            503,
+            "too_many_connections",
+            f"this server holds its most connections ({max_connections}): retry shortly",
+            ((b"retry-after", retry),),
+        )
+        self._refused = 0
+        self._warned_at: float | None = None
+
+    def admit(
+        self,
+        connections: Collection[object],
+        transport: asyncio.Transport,
+        default_headers: Iterable[tuple[bytes, bytes]],
+    ) -> bool:
+        """Whether a connection just made (counted in ``connections``) may stay; if not, it
+        is answered 503 and closed."""
+        if self.max_connections is None or len(connections) <= self.max_connections:
+            return True
+        transport.write(self.too_many.response(default_headers))
+        transport.close()
+        self._refused += 1
+        now = time.monotonic()
+        if self._warned_at is None or now - self._warned_at >= self.WARN_EVERY:
+            # Once a minute at most: a flood of connections would flood the log too.
+            log.warning(
+                "%d connection(s) refused: %d open, --max-connections %d",
+                self._refused,
+                len(connections) - 1,
+                self.max_connections,
+            )
+            self._refused, self._warned_at = 0, now
+        return False
+
+    def time_out(
+        self,
+        transport: asyncio.Transport,
+        default_headers: Iterable[tuple[bytes, bytes]],
+        *,
+        begun: bool,
+    ) -> None:
+        """Close a connection whose head is late: after a 408 if part of a head had come."""
+        if transport.is_closing():
+            return
+        if begun:
+            transport.write(self.timed_out.response(default_headers))
+        transport.close()
+
+
+class HeadClock:
+    """The bound on one connection's next head: one timer per connection, not per request.
+
+    ``start`` (the client's turn) moves a due time; ``stop`` (a head came) clears it. The timer
+    is armed only when none is: when it fires early (the due time moved on since), it is armed
+    again for the new due time, and when nothing is due it lapses. A keep-alive connection
+    sending requests back to back thus costs one timer per ``seconds``, not one per request.
+    """
+
+    __slots__ = ("_due", "_expired", "_loop", "_seconds", "_timer")
+
+    SLACK = 0.005  # a timer may fire a little early (clock resolution, uvloop's milliseconds)
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, seconds: float, expired: Callable[[], None]
+    ) -> None:
+        self._loop, self._seconds, self._expired = loop, seconds, expired
+        self._due: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """A head is due within ``seconds`` from now."""
+        # A due time only grows (now + a constant): an armed timer fires at or before it.
+        self._due = self._loop.time() + self._seconds
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._due, self._fire)
+
+    def stop(self) -> None:
+        """The head is whole: nothing is due until ``start``."""
+        self._due = None
+
+    def cancel(self) -> None:
+        """The connection is gone."""
+        self._due = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self._timer = None
+        due = self._due
+        if due is None:
+            return
+        if due - self._loop.time() > self.SLACK:
+            self._timer = self._loop.call_at(due, self._fire)
+            return
+        self._due = None
+        self._expired()
+
+
 class _Refused(Exception):
     """Raised in a parser callback: the parser stops, uvicorn calls ``send_400_response``."""
 
 
-class CappedHttpTools(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the head capped."""
+class _Edged(asyncio.Protocol):
+    """What both protocols add per connection (first in their bases): the cap when it is
+    made, and the clock on its next head. Each protocol says when a head is whole
+    (``_clock.stop``), when the client's turn comes (``_clock.start``), and whether part of
+    a head has come (``_head_begun``)."""
+
+    edge: ClassVar[Edge] = Edge()
+    transport: asyncio.Transport
+    server_state: ServerState
+    loop: asyncio.AbstractEventLoop
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._clock = HeadClock(self.loop, self.edge.head_timeout, self._head_late)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        state = self.server_state
+        if self.edge.admit(state.connections, self.transport, state.default_headers):
+            self._clock.start()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._clock.cancel()
+        super().connection_lost(exc)
+
+    def _head_begun(self) -> bool:
+        raise NotImplementedError
+
+    def _head_late(self) -> None:
+        begun = self._head_begun()
+        self.edge.time_out(self.transport, self.server_state.default_headers, begun=begun)
+
+
+class CappedHttpTools(_Edged, HttpToolsProtocol):
+    """uvicorn's httptools protocol with the head capped and timed, connections counted."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._unparsed: int | None = 0  # bytes read while a head is incomplete; None in a body
         self._refusal: Refusal | None = None
+        self._begun = False  # a head's first byte parsed, its end not yet
 
     def data_received(self, data: bytes) -> None:
         # Whole reads are counted: a read that also ends the previous message counts 0 for
@@ -104,16 +295,31 @@ class CappedHttpTools(HttpToolsProtocol):
             self._refusal = HEAD_TOO_LARGE
             self.send_400_response(HEAD_TOO_LARGE.detail)
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._begun = True
+
     def on_headers_complete(self) -> None:
         refusal = head_refusal(len(self.url), self.headers)
         if refusal is not None:
             self._refuse(refusal)
         self._unparsed = None
+        self._begun = False
+        self._clock.stop()  # the app's turn: its deadline takes over
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._unparsed = 0  # the next message's head
+
+    def on_response_complete(self) -> None:
+        # The client's turn, unless a pipelined request is already waiting for its answer.
+        if not self.pipeline and not self.transport.is_closing():
+            self._clock.start()
+        super().on_response_complete()
+
+    def _head_begun(self) -> bool:
+        return self._begun
 
     def _refuse(self, refusal: Refusal) -> NoReturn:
         self._refusal = refusal
@@ -127,9 +333,12 @@ class CappedHttpTools(HttpToolsProtocol):
 
 class _CappedConnection(h11.Connection):
     """h11's connection, refusing a complete head past the caps (h11 bounds only an
-    incomplete one, by ``max_incomplete_event_size``)."""
+    incomplete one, by ``max_incomplete_event_size``), and telling when a head is whole."""
 
-    refusal: Refusal | None = None
+    def __init__(self, on_head: Callable[[], None]) -> None:
+        super().__init__(h11.SERVER, MAX_HEAD_BYTES)
+        self.refusal: Refusal | None = None
+        self.on_head = on_head
 
     def next_event(self) -> Any:
         try:
@@ -143,16 +352,27 @@ class _CappedConnection(h11.Connection):
             if refusal is not None:
                 self.refusal = refusal
                 raise h11.RemoteProtocolError(refusal.detail, error_status_hint=refusal.status)
+            self.on_head()
         return event
 
 
-class CappedH11(H11Protocol):
-    """uvicorn's h11 protocol with the head capped."""
+class CappedH11(_Edged, H11Protocol):
+    """uvicorn's h11 protocol with the head capped and timed, connections counted."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.conn = _CappedConnection(h11.SERVER, MAX_HEAD_BYTES)
-        self._capped = self.conn
+        # A whole head stops the clock: the app's turn, under its deadline.
+        self.conn = self._capped = _CappedConnection(on_head=self._clock.stop)
+
+    def on_response_complete(self) -> None:
+        # The client's turn; a pipelined request taken at once by super() stops the clock.
+        if not self.transport.is_closing():
+            self._clock.start()
+        super().on_response_complete()
+
+    def _head_begun(self) -> bool:
+        # h11 buffers a head until it is whole: bytes waiting while no request is open are one.
+        return self.conn.their_state is h11.IDLE and bool(self.conn.trailing_data[0])
 
     def send_400_response(self, msg: str) -> None:
         refusal = self._capped.refusal or Refusal(400, "bad_request", msg)
@@ -160,6 +380,30 @@ class CappedH11(H11Protocol):
         self.transport.close()
 
 
-def capped_protocol(http_parser: str) -> type[asyncio.Protocol]:
-    """The protocol class for ``serve --http`` (``auto``: httptools, a dependency)."""
-    return CappedH11 if http_parser == "h11" else CappedHttpTools
+def capped_protocol(http_parser: str, edge: Edge | None = None) -> type[asyncio.Protocol]:
+    """The protocol class for ``serve --http`` (``auto``: httptools, a dependency), bound to
+    ``edge`` (``Edge()``'s defaults when None: no connection cap)."""
+    base: type[CappedHttpTools | CappedH11] = CappedH11 if http_parser == "h11" else CappedHttpTools
+    return cast(type[asyncio.Protocol], type(base.__name__, (base,), {"edge": edge or Edge()}))
+
+
+def raise_open_files(connections: int) -> int:
+    """Raise this process's soft limit on open files to hold ``connections`` and what serve
+    opens besides (``FILES_BEYOND_CONNECTIONS``), within the hard limit, as Go's runtime does
+    at start (many systems start services at 1024, below ``--max-streams``'s default). The
+    soft limit now; a warning when it stays short (accepts then stall at the limit, with
+    EMFILE, before the cap answers 503)."""
+    want = connections + FILES_BEYOND_CONNECTIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning(
+            "open files limited to %d (the hard limit): under --max-connections %d plus %d; "
+            "raise it (ulimit -n, systemd's LimitNOFILE=)",
+            soft,
+            connections,
+            FILES_BEYOND_CONNECTIONS,
+        )
+    return soft

@@ -26,7 +26,14 @@ from ..outbox import Outbox
 from ..storage.connect import connect
 from ..storage.feed import MIB, FeedLimits
 from .delivery import Delivery, build_delivery, delivery_options
-from .heads import MAX_HEAD_BYTES, capped_protocol
+from .heads import (
+    CONNECTIONS_BEYOND_STREAMS,
+    HEAD_TIMEOUT,
+    MAX_HEAD_BYTES,
+    Edge,
+    capped_protocol,
+    raise_open_files,
+)
 from .storage import Durability, durability_options, open_outbox, storage_options
 
 log = logging.getLogger("prompt_outbox.cli")
@@ -106,8 +113,12 @@ async def run_api(
     count_interval: float = DEFAULT_COUNT_INTERVAL,
     request_deadline: float | None = None,
     api_docs: bool = False,
+    head_timeout: float = HEAD_TIMEOUT,
+    max_connections: int | None = None,
 ) -> None:
-    """Serve the API until SIGINT / SIGTERM."""
+    """Serve the API until SIGINT / SIGTERM. ``head_timeout`` bounds the seconds a request
+    head may take, ``max_connections`` the connections held at once (``cli/heads.py``;
+    None: ``streams.per_process`` + ``CONNECTIONS_BEYOND_STREAMS``)."""
     try:
         app = create_app(
             outbox,
@@ -121,12 +132,16 @@ async def run_api(
         )
     except ValueError as exc:  # a --request-deadline at or under the durability timeout
         raise click.UsageError(str(exc)) from None
+    if max_connections is None:
+        max_connections = streams.per_process + CONNECTIONS_BEYOND_STREAMS
+    raise_open_files(max_connections)
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
-        # uvicorn's protocol for --http (auto: httptools), the request head capped (heads.py).
-        http=capped_protocol(http),
+        # uvicorn's protocol for --http (auto: httptools), the request head capped and timed,
+        # the connections counted (heads.py).
+        http=capped_protocol(http, Edge(head_timeout, max_connections)),
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         access_log=access_log,
         timeout_graceful_shutdown=5,  # open event streams never end by themselves
@@ -237,6 +252,24 @@ async def run_api(
     "the durability timeout  [default: durability timeout + 2, 7 s]",
 )
 @click.option(
+    "--head-timeout",
+    default=HEAD_TIMEOUT,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_HEAD_TIMEOUT",
+    type=click.FloatRange(min=0, min_open=True),
+    help="seconds a client has for a whole request head, from its connection or the previous "
+    "answer (then 408 request_timeout, or a silent close if nothing came, and the connection "
+    "is closed); a total, not an idle timer",
+)
+@click.option(
+    "--max-connections",
+    envvar="PROMPT_OUTBOX_MAX_CONNECTIONS",
+    type=click.IntRange(min=1),
+    help="connections this process holds at once, event streams included (one past it: 503 "
+    "too_many_connections with Retry-After, closed); must exceed --max-streams  "
+    f"[default: --max-streams + {CONNECTIONS_BEYOND_STREAMS}]",
+)
+@click.option(
     "--api-docs/--no-api-docs",
     default=False,
     show_default=True,
@@ -285,10 +318,17 @@ def serve(
     loop: str,
     http_parser: str,
     request_deadline: float | None,
+    head_timeout: float,
+    max_connections: int | None,
     api_docs: bool,
     **delivery: str | float | None,
 ) -> None:
     """Run the HTTP API and the delivery workers in one process."""
+    if max_connections is not None and max_connections <= max_streams:
+        raise click.UsageError(
+            f"--max-connections ({max_connections}) must exceed --max-streams ({max_streams}): "
+            "every open event stream holds a connection"
+        )
     for origin in cors_origins:
         if origin != "*" and not _ORIGIN.fullmatch(origin):
             raise click.UsageError(f"--cors-origin wants scheme://host[:port], got {origin!r}")
@@ -344,6 +384,8 @@ def serve(
                 count_interval=metrics_count_interval,
                 request_deadline=request_deadline,
                 api_docs=api_docs,
+                head_timeout=head_timeout,
+                max_connections=max_connections,
             )
 
     run_on(loop, main)
