@@ -6,6 +6,7 @@ page's cost independent of the number of workspaces."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -193,3 +194,82 @@ async def test_the_routes_page_and_show_each_token_its_own(outbox: Outbox) -> No
         assert (bad.status_code, bad.json()["error"]) == (422, "invalid_request")
         big = await http.get("/v1/workspaces", params={"limit": 500}, headers=OPS)
         assert (big.status_code, big.json()["error"]) == (422, "invalid_request")
+
+
+BIG = "\x01" * 100_000  # 100 kB of text: ~600 kB of JSON once escaped, the largest entry
+
+
+async def _fill(outbox: Outbox, ws: str, text: str) -> Callable[[], Awaitable[None]]:
+    """Four sessions of three entries, the first of each in flight (staged, its lock held:
+    the agent has not answered), so every kind of read a page makes has something to read.
+    Returns what lets the deliveries end."""
+    hold, sending = asyncio.Event(), asyncio.Event()
+    sent: list[str] = []
+
+    async def stuck(ws: str, ses: str, entry: Entry) -> None:
+        sent.append(ses)
+        if len(sent) == 4:
+            sending.set()
+        await hold.wait()
+
+    for s in range(4):
+        for i in range(3):
+            await outbox.accept(ws, f"s{s}", "u", f"c{i}", text)
+    deliveries = [asyncio.create_task(outbox.deliver_once(ws, f"s{s}", stuck)) for s in range(4)]
+    await asyncio.wait_for(sending.wait(), 30)
+
+    async def end() -> None:
+        hold.set()
+        await asyncio.gather(*deliveries)
+
+    return end
+
+
+async def _read(client: Client, page: Any) -> tuple[dict[str, int], int]:
+    """The commands one call made, and the bytes the server sent for it."""
+    await client.config_resetstat()
+    before = int((await client.info("stats"))["total_net_output_bytes"])
+    await page
+    after = int((await client.info("stats"))["total_net_output_bytes"])
+    return await _commands(client), after - before
+
+
+async def test_a_pages_reads_do_not_grow_with_the_bytes_held(
+    outbox: Outbox, client: Client
+) -> None:
+    # Red-team hole 2: one page read every entry of a workspace (102 MB held: serve 78 ->
+    # 272 MB for a 177-byte answer). Now a page reads what the scripts keep: its commands and
+    # the bytes Valkey sends are the same for 12 entries of a few bytes as of ~600 kB each.
+    if isinstance(client, ValkeyCluster):
+        pytest.skip("counted on one server's INFO commandstats and stats")
+    ends = [await _fill(outbox, "small", "x"), await _fill(outbox, "big", BIG)]
+    cost = {}
+    for ws in ("small", "big"):
+        cost[ws, "workspaces"] = await _read(client, outbox.overview.workspaces("", 10, only=[ws]))
+        cost[ws, "sessions"] = await _read(client, outbox.overview.sessions(ws))
+        cost[ws, "metrics"] = await _read(client, outbox.count_by_status())
+    for kind in ("workspaces", "sessions", "metrics"):
+        (small, small_bytes), (big, big_bytes) = cost["small", kind], cost["big", kind]
+        assert big == small, (kind, cost)  # the same commands, as many
+        assert not {"cmdstat_lrange", "cmdstat_lindex"} & big.keys(), (kind, big)
+        assert big_bytes <= small_bytes + 64, (kind, cost)  # 600 kB an entry: none sent
+    [page] = (await outbox.overview.workspaces("", 10, only=["big"])).items
+    assert page.counts.by_status == {**dict.fromkeys(STATUSES, 0), "pending": 8, "delivering": 4}
+    for end in ends:
+        await end()
+
+
+async def test_the_counts_read_no_entry(outbox: Outbox, client: Client) -> None:
+    # Red-team hole 2b: /metrics (no token) and `stats` read every entry of every workspace.
+    end = await _fill(outbox, "big", BIG)
+    await outbox.accept("other", "s", "u", "c", "x")
+    assert await outbox.count_by_workspace() == {
+        "big": {"pending": 8, "delivering": 4},
+        "other": {"pending": 1},
+    }
+    assert await outbox.count_by_status() == {"pending": 9, "delivering": 4}
+    if not isinstance(client, ValkeyCluster):  # counted on one server's INFO commandstats
+        commands, sent = await _read(client, outbox.count_by_status())
+        assert "cmdstat_lrange" not in commands and "cmdstat_smembers" not in commands, commands
+        assert sent < 8_000, sent  # a few fields a workspace, against ~7 MB of entries
+    await end()

@@ -27,6 +27,7 @@ from prompt_outbox.delivery.engine import Engine
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.replies import text
 from prompt_outbox.storage.store import Store
+from tests import tally
 from tests.agents import ScriptedAgent, WorkerDied, dying_agent
 from tests.conftest import FAST, ManualClock
 from tests.test_api import ALICE, serve
@@ -39,20 +40,15 @@ SHARED = {k for b in buckets() for k in b.script_keys()}
 
 
 async def counted(client: Client, ws: str = WS) -> dict[str, int]:
-    """The workspace's count HASH as stored."""
+    """The workspace's count as stored (its HASH but for the overview's tally)."""
     raw = await client.hgetall(WorkspaceKeys(ws).count)  # type: ignore[misc]
-    return {text(f): int(v) for f, v in raw.items()}
+    return {text(f): int(v) for f, v in raw.items() if not tally.is_tally_field(text(f))}
 
 
 async def recounted(client: Client, ws: str = WS) -> dict[str, int]:
     """What the count must be, from the lists themselves (found by SCAN, not by any index)."""
-    sessions: set[str] = set()
-    for prefix in ("outboxq", "outboxd"):
-        async for key in client.scan_iter(match=f"{prefix}:{{{ws}}}:*", count=1000):
-            name = text(key)
-            sessions.add(name[name.index("}:{") + 3 : -1])
     want: dict[str, int] = {}
-    for ses in sessions:
+    for ses in await tally.sessions_in(client, ws):
         k = SessionKeys(ws, ses)
         n = int(await client.llen(k.queue)) + int(await client.llen(k.staging))  # type: ignore[misc]
         if n:
@@ -127,7 +123,8 @@ async def test_the_count_stays_exact_through_every_kind_of_transition(
 ) -> None:
     """A property check: random operations on three sessions (accepts into each, sends with
     each outcome, a worker dying mid-send and recovery, retry, dismiss, edit, park, unpark,
-    the bulk actions, cleanup); after each, the stored count equals a recount of the lists."""
+    the bulk actions, cleanup); after each, the stored count equals a recount of the lists,
+    and so does the overview's tally (entries by status, oldest pending, send start)."""
     outbox = Outbox(client, replace(FAST, cap=6, workspace_cap=12), clock=clock)
     rng = random.Random(22)
     sessions = ["s1", "s2", "s3"]
@@ -163,11 +160,12 @@ async def test_the_count_stays_exact_through_every_kind_of_transition(
         outcomes = [rng.choice([None, None, RuntimeError("refused")]) for _ in range(8)]
         scripted = ScriptedAgent(outcomes)
 
-        seen: list[tuple[dict[str, int], dict[str, int]]] = []
+        seen: list[tuple[object, object]] = []
 
         async def checking(ws: str, s: str, entry: Entry) -> None:
             # (An assertion here would be taken for the send's failure: record, check after.)
             seen.append((await counted(client), await recounted(client)))
+            seen.append((await tally.stored(client, WS), await tally.recounted(client, WS)))
             await scripted(ws, s, entry)
 
         await engine.drain(SessionKeys(WS, ses), checking)
@@ -205,6 +203,7 @@ async def test_the_count_stays_exact_through_every_kind_of_transition(
         else:
             await rng.choice(ops)(ses)  # type: ignore[misc]
         assert await counted(client) == await recounted(client), f"after step {step}"
+        assert await tally.stored(client, WS) == await tally.recounted(client, WS), step
     assert await counted(client)  # the walk ended with entries to count
 
 

@@ -1,28 +1,30 @@
 """What the queue page shows first: workspaces and their sessions, each with its entries by
 status and how long its work has waited, in pages.
 
-A page costs what it shows, whatever the number of workspaces: the workspaces come from the
-due index's registry by HSCAN (``Walk.workspace_page``), then each shown workspace's entries
-in one pipelined read. A workspace's sessions are ranked busiest first by their lengths (two
-LLEN a session), then only the shown ones are read whole (``snapshot.lua``, with the lock).
+A page costs what it shows, whatever the number of workspaces and whatever their entries
+hold: no entry is read. The counts, the oldest pending entry and the send start of the entry
+in flight are the tally the session scripts keep (``lua/lib.lua``). The workspaces come from
+the due index's registry by HSCAN (``Walk.workspace_page``), then each shown workspace's
+tally in one pipelined read (``Walk.workspace_tallies``). A workspace's sessions are ranked
+busiest first by their lengths (two LLEN a session), then the shown ones' tallies and locks
+are read in one script (``Store.tally``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, TypeVar
 
-from .core.entry import Entry, Status, decode_entry
+from .core.entry import Status
 from .core.errors import InvalidInput
-from .core.keys import SessionKeys, check_id, workspace_keys
+from .core.keys import check_id, workspace_keys
 from .core.settings import Tunables
-from .core.timeutil import Clock
+from .core.timeutil import Clock, to_ms
 from .delivery.lease import held_for
-from .storage.replies import Snapshot
+from .storage.replies import SessionTally, Tally
 from .storage.store import Store
 
 T = TypeVar("T")
@@ -79,18 +81,12 @@ class SessionSummary:
     blocked_for: float | None
 
 
-def _counts(entries: Iterable[Entry], now: datetime) -> Counts:
-    by_status = {str(s): 0 for s in Status}
-    oldest: datetime | None = None
-    for e in entries:
-        by_status[str(e.status)] += 1
-        if e.status is Status.PENDING and (oldest is None or e.accepted_at < oldest):
-            oldest = e.accepted_at
-    return Counts(by_status, None if oldest is None else _since(oldest, now))
+def _counts(tally: Tally, now: datetime) -> Counts:
+    return Counts(tally.by_status, _since(tally.oldest_pending_ms, now))
 
 
-def _since(then: datetime, now: datetime) -> float:
-    return max(0.0, (now - then).total_seconds())
+def _since(then_ms: int | None, now: datetime) -> float | None:
+    return None if then_ms is None else max(0.0, (to_ms(now) - then_ms) / 1000)
 
 
 def _limit(limit: int) -> int:
@@ -128,36 +124,28 @@ class Overview:
             ordered = sorted({check_id("workspace", ws) for ws in only})
             names = ordered[start : start + limit]
             after = f"0:0:{start + limit}" if start + limit < len(ordered) else ""
-        summaries = await asyncio.gather(*(self._workspace(ws) for ws in names))
-        return Page(list(summaries), after)
-
-    async def _workspace(self, ws: str) -> WorkspaceSummary:
-        sessions = await self._store.walk.sessions_of(workspace_keys(ws))
-        raws = await self._store.walk.session_entries(sessions)
+        tallies = await self._store.walk.workspace_tallies(names)
         now = self._clock()
-        entries = (decode_entry(raw) for session in raws for raw in session)
-        return WorkspaceSummary(ws, len(sessions), _counts(entries, now))
+        items = [WorkspaceSummary(t.ws, t.sessions, _counts(t.tally, now)) for t in tallies]
+        return Page(items, after)
 
     async def sessions(self, ws: str, cursor: str = "", limit: int = 20) -> Page[SessionSummary]:
         """A page of the workspace's sessions holding entries, busiest (most entries) first,
         then by ID."""
         limit, start = _limit(limit), _offset(cursor)
-        sizes = await self._store.walk.session_sizes(workspace_keys(ws))
+        w = workspace_keys(ws)
+        sizes = await self._store.walk.session_sizes(w)
         ranked = sorted(sizes, key=lambda ks: (-ks[1], ks[0].ses))
-        shown = [k for k, _ in ranked[start : start + limit]]
-        snaps = await asyncio.gather(*(self._store.snapshot(k) for k in shown))
+        shown = [k.ses for k, _ in ranked[start : start + limit]]
+        tallies = await self._store.tally(w, shown)
         now = self._clock()
-        items = [self._session(k, snap, now) for k, snap in zip(shown, snaps, strict=True)]
+        items = [self._session(t, now) for t in tallies]
         return Page(items, str(start + limit) if start + limit < len(ranked) else "")
 
-    def _session(self, k: SessionKeys, snap: Snapshot, now: datetime) -> SessionSummary:
-        staged = [decode_entry(raw) for raw in snap.staging]
-        queued = [decode_entry(raw) for raw in snap.queue]
-        counts = _counts([*staged, *queued], now)
-        sent = [e.last_attempt_at for e in staged if e.last_attempt_at is not None]
-        delivering = _since(min(sent), now) if sent else None
+    def _session(self, t: SessionTally, now: datetime) -> SessionSummary:
+        counts = _counts(t.tally, now)
         blocked = None
-        if snap.locked and counts.by_status[Status.PENDING] > 0:
+        if t.lock_value and counts.by_status[Status.PENDING] > 0:
             lock_ttl = self._tunables.lock_ttl
-            blocked = held_for(snap.lock_value, snap.lock_pttl_ms, now, lock_ttl)
-        return SessionSummary(k.ses, counts, delivering, blocked)
+            blocked = held_for(t.lock_value, t.lock_pttl_ms, now, lock_ttl)
+        return SessionSummary(t.ses, counts, _since(t.sent_ms, now), blocked)

@@ -44,6 +44,7 @@ from prompt_outbox.core.machine import (
 )
 from prompt_outbox.embedded import EmbeddedValkey
 from prompt_outbox.storage.store import Store
+from tests import tally
 from tests.agents import WorkerDied
 from tests.chaos import report
 from tests.chaos.model import Model
@@ -331,7 +332,10 @@ class OutboxVersusModel(RuleBasedStateMachine):
         # still be exactly what repair.lua, which reads everything, derives from the same
         # lists. (The ready score is left out: after a lease the test lapsed by deleting the
         # lock, it still says when the lease would have ended, as it should.) The workspace
-        # quota's count, kept by every script, must be the session's entries, as repair says.
+        # quota's count, kept by every script, must be the session's entries, as repair says;
+        # the overview's tally (entries by status, the oldest pending entry, the send start of
+        # the entry in flight), moved by accept, stage and complete and derived by the rest,
+        # must be what a recount of the lists gives, and what repair derives.
         k = session_keys(WS, SES)
         keys = k.script_keys()
         sessions, errors, count = keys[4], keys[5], keys[7]
@@ -348,8 +352,11 @@ class OutboxVersusModel(RuleBasedStateMachine):
 
         incremental = self.run(indexes())
         assert incremental[2] == self.run(entries())
+        kept = self.run(tally.stored(self.client, WS))
+        assert kept == self.run(tally.recounted(self.client, WS))
         self.run(self.store.repair(k, round(self.clock.now.timestamp() * 1000)))
         assert incremental == self.run(indexes())
+        assert kept == self.run(tally.stored(self.client, WS))
 
 
 RUNS = [

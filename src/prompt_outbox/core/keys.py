@@ -43,6 +43,7 @@ WORKSPACE_KEY_PREFIXES: tuple[str, ...] = (
     "outboxnotify:",
     "outboxnotifydue:",
     "outboxcount:",
+    "outboxoldest:",
 )
 """The prefix of every key that belongs to one workspace: each is ``<prefix>{<ws>}``, alone
 or followed by ``:`` and the rest. Cleanup deletes exactly the keys under these
@@ -52,6 +53,23 @@ The due index's bucket keys (``BucketKeys``) are shared by many workspaces and n
 COUNT_TOTAL = ":total"
 """The field of ``WorkspaceKeys.count`` that holds the workspace's entries in all (a colon:
 no session ID can take the name). ``storage/scripts.py`` hands it to the Lua prelude."""
+
+COUNT_SEP = "|"
+"""In the fields of ``WorkspaceKeys.count`` that the overview's tally keeps: ``<ses>|tally``, a
+session's entries in each status and the send start of its staged entry, packed in one field
+(``lua/lib.lua``, "the tally"). The workspace's entries by status are ``:<status>`` (a colon,
+as ``COUNT_TOTAL``). No ID holds either sign."""
+
+
+def tally_field(ses: str) -> str:
+    """The count HASH's field of a session's tally (read by ``lua/tally.lua``)."""
+    return f"{ses}{COUNT_SEP}tally"
+
+
+def status_total(status: str) -> str:
+    """The count HASH's field of the workspace's entries in ``status``."""
+    return f":{status}"
+
 
 BUCKETS = 8
 """How many buckets the due index and the registry are split into. Part of the layout: every
@@ -156,8 +174,15 @@ class WorkspaceKeys:
     def count(self) -> str:
         """HASH session -> its entries (queue plus staging), and ``COUNT_TOTAL`` -> their sum:
         what the workspace quota (``Tunables.workspace_cap``) counts, kept exact by every
-        session script (``lib.lua`` ``count``)."""
+        session script (``lib.lua`` ``count``). Beside them, the overview's tally, kept by
+        the same scripts (``lib.lua``, "the tally"): ``tally_field`` and ``status_total``."""
         return f"outboxcount:{{{self.ws}}}"
+
+    @property
+    def oldest(self) -> str:
+        """ZSET session -> acceptedAt (ms) of its oldest pending entry (the first pending one
+        in its queue): the overview's "oldest pending", per session and per workspace."""
+        return f"outboxoldest:{{{self.ws}}}"
 
     @property
     def bucket(self) -> BucketKeys:
@@ -227,6 +252,7 @@ class SessionKeys:
             w.errors,
             self.events,
             w.count,
+            w.oldest,
         ]
 
 

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ..core.entry import Status
 from ..core.errors import (
     IdempotencyKeyReused,
     OutboxFull,
@@ -222,7 +223,7 @@ def lowered_ms(value: Any) -> int | None:
 
 
 class Ok(enum.Enum):
-    """The scripts whose only word is ok (snapshot, seed, repair, take_notices)."""
+    """The scripts whose only word is ok (snapshot, tally, seed, repair, take_notices)."""
 
     OK = "ok"
 
@@ -251,3 +252,63 @@ def snapshot(payload: list[Any]) -> Snapshot:
         int(pttl),
         EventLogState(text(first), text(last), int(length), int(added), int(now)),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """Entries by status (every status, 0 included), and the acceptedAt (ms) of the oldest
+    pending one (None when none is pending): what the scripts keep (``lua/lib.lua``, "the
+    tally") of a session or a workspace."""
+
+    by_status: dict[str, int]
+    oldest_pending_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTally:
+    """tally.lua, for one session: its ``tally``; ``sent_ms``, when its staged entry was
+    handed to the agent (None when nothing is staged); its lock's value ('' when free) and
+    PTTL."""
+
+    ses: str
+    tally: Tally
+    sent_ms: int | None
+    lock_value: str
+    lock_pttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceTally:
+    """A workspace's ``tally``, and how many of its sessions hold entries."""
+
+    ws: str
+    sessions: int
+    tally: Tally
+
+
+def counts(values: list[Any]) -> dict[str, int]:
+    """HMGET's answers for the statuses, in ``Status`` order, as status -> n (0 if missing)."""
+    return {str(s): int(v) if v else 0 for s, v in zip(Status, values, strict=True)}
+
+
+def ms_or_none(value: Any) -> int | None:
+    """A stored ms value ('' / None when there is none): ZSCORE's and HGET's form."""
+    if value is None or value == b"" or value == "":
+        return None
+    return int(float(text(value)))
+
+
+def session_tallies(sessions: list[str], payload: list[Any]) -> list[SessionTally]:
+    """tally.lua's payload, one row a session asked for, in its order."""
+    out = []
+    for ses, (by, oldest, sent, lockval, pttl) in zip(sessions, payload, strict=True):
+        out.append(
+            SessionTally(
+                ses,
+                Tally(counts(by), ms_or_none(oldest)),
+                ms_or_none(sent),
+                text(lockval),
+                int(pttl),
+            )
+        )
+    return out

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from importlib import resources
 
-from ..core.keys import COUNT_TOTAL
+from ..core.entry import Status
+from ..core.keys import COUNT_SEP, COUNT_TOTAL
 
 NAMES = (
     "accept",
@@ -20,6 +21,7 @@ NAMES = (
     "release",
     "lock",
     "snapshot",
+    "tally",
     "seed",
     "repair",
     "prune_workspace",
@@ -39,10 +41,12 @@ def _read(name: str) -> str:
 
 
 def prelude(event_log_len: int, event_log_ttl_ms: int) -> str:
-    """``lib.lua`` with the event log's bounds and the count's total field defined above it
-    (what every script starts with)."""
+    """``lib.lua`` with the event log's bounds, the count's total field, the tally's field
+    separator and the statuses defined above it (what every script starts with)."""
     head = f"local EVENTS_MAXLEN, EVENTS_TTL_MS = {event_log_len}, {event_log_ttl_ms}\n"
-    return head + f"local COUNT_TOTAL = '{COUNT_TOTAL}'\n" + _read("lib")
+    head += f"local COUNT_TOTAL, COUNT_SEP = '{COUNT_TOTAL}', '{COUNT_SEP}'\n"
+    head += "local STATUSES = {" + ", ".join(f"'{s}'" for s in Status) + "}\n"
+    return head + _read("lib")
 
 
 def sources(event_log_len: int, event_log_ttl_ms: int) -> dict[str, str]:

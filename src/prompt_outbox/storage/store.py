@@ -39,6 +39,7 @@ from .replies import (
     Ok,
     Replace,
     Requeue,
+    SessionTally,
     Snapshot,
     Write,
     lowered_ms,
@@ -177,7 +178,9 @@ class Store:
         workspace's ``workspace_cap`` (its count's total: O(1)), push, marker, fingerprint;
         marked due and announced. With ``wait``, then WAITAOF for the accept (or
         a DUPLICATE's first accept, whose marker is written again for it): in the accept's
-        own pipeline on a standalone server, as a pair of its own on a cluster."""
+        own pipeline on a standalone server, as a pair of its own on a cluster. ``now_ms`` is
+        the accept's time, which is the entry's ``acceptedAt``: the tally's oldest pending
+        takes it from here, so the script never decodes the entry."""
         marker = k.dedupe(cmid)
         alone = isinstance(self.client, ValkeyCluster)
         tail = wait.commands() if wait is not None and not alone else []
@@ -185,7 +188,7 @@ class Store:
         waits = int(bool(tail))
         args = [k.ses, entry, entry_id, cap, ttl_ms, waits, fingerprint, while_busy, workspace_cap]
         over = await self.memory.over(k)
-        args.append(int(over is not None))
+        args += [int(over is not None), now_ms]
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
         if outcome is Accept.STORAGE_FULL:
@@ -224,7 +227,8 @@ class Store:
         call (whatever the stage's outcome)."""
         w = k.workspace
         keys = [*k.script_keys(), w.notices, w.notices_due]
-        return parse(Write, await self._run("stage", keys, [lockval, original, staged, ran]))[0]
+        args = [k.ses, lockval, original, staged, ran]
+        return parse(Write, await self._run("stage", keys, args))[0]
 
     async def complete(
         self,
@@ -339,6 +343,16 @@ class Store:
         """The session and its event log's state, in one consistent read (snapshot.lua)."""
         _, payload = parse(Ok, await self._run("snapshot", k.script_keys(), []))
         return replies.snapshot(payload)
+
+    async def tally(self, w: WorkspaceKeys, sessions: Sequence[str]) -> list[SessionTally]:
+        """What the overview shows of these sessions of the workspace, in one consistent
+        read of the counts the scripts keep (tally.lua): a few small fields a session, no
+        entry read."""
+        if not sessions:
+            return []
+        keys = [w.count, w.oldest, *(SessionKeys(w.ws, ses).lock for ses in sessions)]
+        _, payload = parse(Ok, await self._run("tally", keys, list(sessions)))
+        return replies.session_tallies(list(sessions), payload)
 
     async def read_events(
         self, k: SessionKeys, after: str, block_ms: int | None, count: int

@@ -1,6 +1,7 @@
 """The walks over every workspace: the registry, each workspace's sessions, their lists in
-bulk, SCAN for what the registry lost, pruning and cleanup. O(workspaces) by nature, so
-maintenance, recovery, counts and operator actions use them, never the delivery path."""
+bulk, their tallies, SCAN for what the registry lost, pruning and cleanup. O(workspaces) by
+nature, so maintenance, recovery, counts and operator actions use them, never the delivery
+path."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.entry import Status
 from ..core.errors import InvalidInput
-from ..core.keys import SessionKeys, WorkspaceKeys, buckets
+from ..core.keys import SessionKeys, WorkspaceKeys, buckets, status_total
 from .client import Client
 from .dueindex import DueIndex
-from .replies import text
+from .replies import Tally, WorkspaceTally, counts, ms_or_none, text
 
 CLEANUP_PASSES = 3
 """SCAN-and-delete passes a cleanup makes at most (see ``cleanup_workspace``)."""
@@ -109,16 +111,35 @@ class Walk:
         n = [int(x) for x in await pipe.execute(raise_on_error=True)]
         return [(k, n[2 * i] + n[2 * i + 1]) for i, k in enumerate(sessions)]
 
-    async def session_entries(self, keys: Sequence[SessionKeys]) -> list[list[str]]:
-        """Each session's staging then queue, raw (one pipelined round trip)."""
-        if not keys:
+    async def workspace_tallies(self, names: Sequence[str]) -> list[WorkspaceTally]:
+        """Each named workspace's entries by status and oldest pending entry (the tally the
+        scripts keep, ``lua/lib.lua``), and how many of its sessions hold entries: SCARD, one
+        HMGET of its totals and the first of its oldest-pending index, a workspace, in one
+        pipelined round trip. O(names), whatever the workspaces hold: no entry is read."""
+        if not names:
             return []
+        fields = [status_total(s) for s in Status]
         pipe = self.client.pipeline(transaction=False)
-        for k in keys:
-            pipe.lrange(k.staging, 0, -1)
-            pipe.lrange(k.queue, 0, -1)
+        for ws in names:
+            w = WorkspaceKeys(ws)
+            pipe.scard(w.sessions)
+            pipe.hmget(w.count, fields)
+            pipe.zrange(w.oldest, 0, 0, withscores=True)
         answers = await pipe.execute(raise_on_error=True)
-        return [[text(x) for x in answers[i] + answers[i + 1]] for i in range(0, len(answers), 2)]
+        out = []
+        for i, ws in enumerate(names):
+            sessions, by_status, first = answers[3 * i : 3 * i + 3]
+            oldest = ms_or_none(first[0][1]) if first else None
+            out.append(WorkspaceTally(ws, int(sessions), Tally(counts(by_status), oldest)))
+        return out
+
+    async def all_tallies(self) -> AsyncIterator[WorkspaceTally]:
+        """``workspace_tallies`` of every registered workspace, in pipelined batches: the
+        entry counts (``stats``, the metrics gauge) at O(workspaces), no entry read."""
+        registered = sorted(await self.workspaces())
+        for i in range(0, len(registered), _WALK_BATCH):
+            for tally in await self.workspace_tallies(registered[i : i + _WALK_BATCH]):
+                yield tally
 
     async def staging_lengths(self, keys: Sequence[SessionKeys]) -> list[int]:
         """Each session's staging length (one pipelined round trip)."""

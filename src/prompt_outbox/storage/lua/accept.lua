@@ -3,12 +3,13 @@
   the workspace's), then push, and only THEN the dedupe marker (a marker without its entry would turn every client
   retry into a false duplicate) and the payload's fingerprint beside it (a marker without one,
   as written before fingerprints, makes a duplicate whatever the payload). The workspace's
-  count moves with the push (index_pushed).
+  count and tally move with the push (index_pushed, tally_pushed), in O(1).
 
   Input:
-    KEYS[1..8] session keys (queue, staging, lock, ready, sessions, errors, events, count)
-    KEYS[9]    dedupe marker outboxdedupe:{ws}:{ses}:<cmid>
-    KEYS[10]   payload fingerprint outboxdedupefp:{ws}:{ses}:<cmid>
+    KEYS[1..9] session keys (queue, staging, lock, ready, sessions, errors, events, count,
+               oldest)
+    KEYS[10]   dedupe marker outboxdedupe:{ws}:{ses}:<cmid>
+    KEYS[11]   payload fingerprint outboxdedupefp:{ws}:{ses}:<cmid>
     ARGV[1]    session ID
     ARGV[2]    entry JSON (status pending)
     ARGV[3]    entry ID
@@ -26,6 +27,7 @@
                of KEYS[8], which every session script keeps exact)
     ARGV[10]   1: the node's memory is at the accept ceiling (storage/memory.py read it):
                refuse; 0: go on
+    ARGV[11]   the entry's acceptedAt, ms (the tally's oldest pending, without decoding it)
 
   Output:
     {'ok'[, staged id]}    pushed, marker set; for 'interrupt', the ID of the entry being
@@ -47,11 +49,11 @@
 ]]
 local ses, entry, id = ARGV[1], ARGV[2], ARGV[3]
 local cap, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
-local prev = redis.call('GET', KEYS[9])
+local prev = redis.call('GET', KEYS[10])
 if prev then
-  local first = redis.call('GET', KEYS[10])
+  local first = redis.call('GET', KEYS[11])
   if first and first ~= ARGV[7] then return {'reused', prev}, true end
-  if ARGV[6] == '1' then redis.call('SET', KEYS[9], prev, 'KEEPTTL') end
+  if ARGV[6] == '1' then redis.call('SET', KEYS[10], prev, 'KEEPTTL') end
   return {'duplicate', prev}, true
 end
 -- After the dedupe: a retry of an accept that was taken is its duplicate, full or busy or not.
@@ -66,8 +68,9 @@ local total = tonumber(redis.call('HGET', KEYS[COUNT], COUNT_TOTAL) or '0')
 if total >= tonumber(ARGV[9]) then return {'workspace_full', total}, true end
 redis.call('RPUSH', KEYS[Q], entry)
 emit(KEYS, 'accepted', id, entry)
-redis.call('SET', KEYS[9], id, 'PX', ttl)
-redis.call('SET', KEYS[10], ARGV[7], 'PX', ttl)
+redis.call('SET', KEYS[10], id, 'PX', ttl)
+redis.call('SET', KEYS[11], ARGV[7], 'PX', ttl)
+tally_pushed(KEYS, ses, n, tonumber(ARGV[11]))
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.
 local readied = index_pushed(KEYS, ses, n, 0)
 if ARGV[8] == 'interrupt' then

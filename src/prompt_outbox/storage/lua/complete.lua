@@ -10,12 +10,14 @@
   With a hook wired (grace > 0) the claim also records the OnDelivered call it now owes, in
   the same step: a worker killed before its hook ran leaves the record, and another worker
   fires the hook after grace ms (notified.lua clears the record once the hook ran).
+  Each copy removed takes one entry of its own status off the tally (tally_removed); a
+  pending one makes the queue's next pending entry the oldest.
 
   Input:
-    KEYS[1..8] session keys
-    KEYS[9]    claim marker outboxclaim:{ws}:{ses}:<id>
-    KEYS[10]   owed OnDelivered calls (HASH)
-    KEYS[11]   their due times (ZSET)
+    KEYS[1..9] session keys
+    KEYS[10]   claim marker outboxclaim:{ws}:{ses}:<id>
+    KEYS[11]   owed OnDelivered calls (HASH)
+    KEYS[12]   their due times (ZSET)
     ARGV[1]    session ID
     ARGV[2]    entry ID
     ARGV[3]    lock value
@@ -39,29 +41,37 @@
 ]]
 local ses, id, lockval, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local entry, grace, lease = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local mine = redis.call('GET', KEYS[9]) == lockval
+local mine = redis.call('GET', KEYS[10]) == lockval
 local refused = fence(KEYS, lockval)
 if refused then
   -- Our earlier call may have claimed it (its reply lost, our lease lapsed since): still ours.
   if mine then return {'ok'} end
   return {refused}
 end
+-- The tally as it stood (nil if it did not add up): the removal moves it.
+local staged = redis.call('LLEN', KEYS[D])
+local before = tally_before(KEYS, ses, redis.call('LLEN', KEYS[Q]) + staged)
 -- Staging, then the queue up to its head: every copy a stage, restore or recovery can leave
 -- sits there (they insert at or before the head). Only when neither holds one (the claim of
 -- an error entry further back, or of nothing) is the whole queue read.
-local from_d, error_d = remove_id(KEYS[D], id, false)
-local from_q, error_q = remove_id(KEYS[Q], id, true)
-if from_d + from_q == 0 then from_q, error_q = remove_id(KEYS[Q], id, false) end
+local from_d, error_d, gone_d = remove_id(KEYS[D], id, false)
+local from_q, error_q, gone_q = remove_id(KEYS[Q], id, true)
+if from_d + from_q == 0 then from_q, error_q, gone_q = remove_id(KEYS[Q], id, false) end
 local removed = from_d + from_q
 if removed > 0 then
-  redis.call('SET', KEYS[9], lockval, 'PX', ARGV[5])
+  redis.call('SET', KEYS[10], lockval, 'PX', ARGV[5])
   if grace > 0 then
-    redis.call('HSET', KEYS[10], ses .. ':' .. id, entry)
-    redis.call('ZADD', KEYS[11], now + grace, ses .. ':' .. id)
+    redis.call('HSET', KEYS[11], ses .. ':' .. id, entry)
+    redis.call('ZADD', KEYS[12], now + grace, ses .. ':' .. id)
   end
   emit(KEYS, 'sent', id, '')
 end
 local claimed = removed > 0 or mine
+if removed > 0 and not (error_d or error_q) then
+  -- Each copy removed leaves its own status (refresh() below derives it all instead).
+  for _, s in ipairs(gone_q) do table.insert(gone_d, s) end
+  tally_removed(KEYS, ses, before, gone_d, from_d > 0, staged - from_d)
+end
 if error_d or error_q then
   refresh(KEYS, ses, now)
 elseif lease == 0 or not claimed then

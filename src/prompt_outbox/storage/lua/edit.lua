@@ -7,7 +7,7 @@
   so the client's retry of the original POST is still a duplicate.
 
   Input:
-    KEYS[1..8] session keys
+    KEYS[1..9] session keys
     ARGV[1]    the entry's JSON as the caller read it
     ARGV[2]    its new JSON
     ARGV[3]    entry ID

@@ -1,9 +1,10 @@
 --[[
   Shared prelude, prepended to every script by storage/scripts.py (after the constants
-  EVENTS_MAXLEN, EVENTS_TTL_MS and COUNT_TOTAL it defines). Not a transition itself.
+  EVENTS_MAXLEN, EVENTS_TTL_MS, COUNT_TOTAL, COUNT_SEP and STATUSES it defines). Not a
+  transition itself.
 
-  Session scripts take the same first eight KEYS (core/keys.py SessionKeys.script_keys), named
-  by the constants below: queue, staging, lock, ready, sessions, errors, events, count.
+  Session scripts take the same first nine KEYS (core/keys.py SessionKeys.script_keys), named
+  by the constants below: queue, staging, lock, ready, sessions, errors, events, count, oldest.
 
   Reply convention, for every script: a table whose first element is a status word, then its
   payload. The words: ok, busy (ANOTHER holder owns the session), lost (this caller's lock is
@@ -13,10 +14,10 @@
 
   Scripts never re-encode an entry: Python builds every entry string, scripts only move and
   compare whole strings (cjson would turn the caller's [] into {} and round big numbers), and
-  decode them only to read id, status, acceptedAt and nextAttemptAt.
+  decode them only to read id, status, acceptedAt, lastAttemptAt and nextAttemptAt.
 ]]
 
-local Q, D, L, READY, SESSIONS, ERRORS, EVENTS, COUNT = 1, 2, 3, 4, 5, 6, 7, 8
+local Q, D, L, READY, SESSIONS, ERRORS, EVENTS, COUNT, OLDEST = 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 -- RFC 3339 -> epoch milliseconds; '' or missing means "due now" (0). Days-from-civil arithmetic.
 local function parse_ms(s)
@@ -117,21 +118,23 @@ local function index_of_id(list, id)
 end
 
 -- Remove every copy of the entry with this id from a list, or (head_only) from the queue's
--- entries up to and including its delivery head. Returns how many went, and whether one of
--- them was an error entry (the errors index must then be re-derived).
+-- entries up to and including its delivery head. Returns how many went, whether one of
+-- them was an error entry (the errors index must then be re-derived), and the status of each
+-- (the tally moves by them).
 local function remove_id(list, id, head_only)
-  local found = {}
+  local found, statuses = {}, {}
   local had_error = false
   walk(list, function(raw, e, _)
     if e and e.id == id then
       table.insert(found, raw)
+      table.insert(statuses, e.status)
       had_error = had_error or e.status == 'error'
     end
     return head_only and e ~= nil and blocking(e.status)
   end)
   local n = 0
   for _, raw in ipairs(found) do n = n + redis.call('LREM', list, 1, raw) end
-  return n, had_error
+  return n, had_error, statuses
 end
 
 -- Put an entry back where it stood: before the first entry that blocks (the delivery head)
@@ -162,10 +165,12 @@ local function emit(K, kind, id, raw)
   redis.call('SPUBLISH', K[EVENTS], event_id)
 end
 
--- emit() for an entry whose new state is raw: the kind is its status.
+-- emit() for an entry whose new state is raw: the kind is its status. Returns the entry
+-- decoded (nil if it does not decode).
 local function emit_state(K, raw)
   local e = decode(raw)
   if e then emit(K, e.status, e.id, raw) end
+  return e
 end
 
 -- The session's ready score (ms), or nil when it needs no worker.
@@ -214,6 +219,197 @@ local function recount(K, ses)
   count(K, ses, redis.call('LLEN', K[Q]) + redis.call('LLEN', K[D]))
 end
 
+--[[ The tally: what the overview shows, kept beside the count (K[COUNT]) by the same scripts,
+  so that no page and no count reads an entry (docs/design.md, "The overview"):
+    <ses>|tally  the session's entries in each status (queue plus staging), in STATUSES' order,
+                 then the earliest lastAttemptAt (ms) of its staged entries ('' when none):
+                 "p,d,v,e,k,sent", one field so that a script reads and writes it once; no
+                 field for a session that holds nothing
+    :<status>    the workspace's entries in that status: the sum of the session fields
+  and K[OLDEST], session -> acceptedAt (ms) of its oldest pending entry: the first pending one
+  in its queue (accept appends; restore and recovery put an entry back in its place; retry,
+  unpark and the sweeps change an entry where it stands), so the first in line. Staging holds
+  only delivering copies, never a pending one.
+  refresh() reads both lists whole already, and derives it. The three scripts that do not
+  (accept, stage, complete) move it by what they changed, in O(1) (stage and a complete that
+  removed a pending entry also read the queue up to its first pending entry), once they have
+  checked that the session's stored counts add up to its entries. When they do not (entries
+  from before the tally, or drift), they derive it from the lists instead: once, after which
+  they add up again.
+  A tally in Lua is an array: t[i] the entries in STATUSES[i], t.sent the send start (ms or
+  nil), t.oldest (derived ones only). Plain arrays and few tables: these run on the hot path. ]]
+
+local AT, NS = {}, #STATUSES
+for i, s in ipairs(STATUSES) do AT[s] = i end
+local TALLY_FORM = '^' .. string.rep('(%d+),', NS) .. '(%d*)$'
+
+local function tally_field(ses)
+  return ses .. COUNT_SEP .. 'tally'
+end
+
+-- The status of an entry string: in O(1) for the form Python writes (status last, no blanks),
+-- else by decoding it. Exact for valid JSON: an unescaped quote cannot stand inside a string,
+-- so ',"status":"x"}' at the very end is the top-level object's last member (and, for a key
+-- given twice, the one cjson keeps).
+local function status_of(raw)
+  local s = string.match(string.sub(raw, -32), '[,{]"status":"(%a+)"}$')
+  if s then return s end
+  local e = decode(raw)
+  return e and e.status
+end
+
+local function new_tally()
+  local t = {}
+  for i = 1, NS do t[i] = 0 end
+  return t
+end
+
+-- The session's tally as stored (a new one if none), and the sum of its counts.
+local function stored_tally(K, ses)
+  local got = {string.match(redis.call('HGET', K[COUNT], tally_field(ses)) or '', TALLY_FORM)}
+  if #got == 0 then return new_tally(), 0 end
+  local sum = 0
+  for i = 1, NS do
+    got[i] = tonumber(got[i])
+    sum = sum + got[i]
+  end
+  got.sent = tonumber(got[NS + 1])
+  got[NS + 1] = nil
+  return got, sum
+end
+
+-- Move the session's tally t by delta entries in one status (never below 0), and the
+-- workspace's total with it: a total is always the sum of its session fields. (Totals at 0
+-- stay, a few fields a workspace; the count's key goes when the workspace empties.)
+local function move(K, t, status, delta)
+  local i = AT[status]
+  if not i then return end
+  local n = math.max(0, t[i] + delta)
+  if n == t[i] then return end
+  redis.call('HINCRBY', K[COUNT], ':' .. status, n - t[i])
+  t[i] = n
+end
+
+-- Write the session's tally field; none when it counts nothing.
+local function save_tally(K, ses, t)
+  local any = t.sent ~= nil
+  for i = 1, NS do any = any or t[i] > 0 end
+  if not any then return redis.call('HDEL', K[COUNT], tally_field(ses)) end
+  local sent = t.sent and string.format('%d', t.sent) or ''
+  redis.call('HSET', K[COUNT], tally_field(ses), table.concat(t, ',', 1, NS) .. ',' .. sent)
+end
+
+local function set_oldest(K, ses, ms)
+  if ms then
+    redis.call('ZADD', K[OLDEST], ms, ses)
+  else
+    redis.call('ZREM', K[OLDEST], ses)
+  end
+end
+
+-- When a staged (decoded) entry was handed to the agent, ms; nil if it does not say.
+local function sent_of(e)
+  if type(e.lastAttemptAt) == 'string' and e.lastAttemptAt ~= '' then
+    return parse_ms(e.lastAttemptAt)
+  end
+  return nil
+end
+
+-- acceptedAt (ms) of the queue's first pending entry, or nil: reads the queue up to it only.
+local function first_pending(queue)
+  local at
+  walk(queue, function(_, e, _)
+    if e and e.status == 'pending' then at = parse_ms(e.acceptedAt) end
+    return at ~= nil
+  end)
+  return at
+end
+
+-- Read the session's lists whole, decoding each entry: its tally (with oldest), its delivery
+-- head's due time (nil when nothing blocks) and whether it holds an error entry.
+local function derive(K)
+  local t, due, has_error = new_tally(), nil, false
+  for _, raw in ipairs(redis.call('LRANGE', K[D], 0, -1)) do
+    local e = decode(raw)
+    if e then
+      if AT[e.status] then t[AT[e.status]] = t[AT[e.status]] + 1 end
+      local ms = sent_of(e)
+      if ms and (t.sent == nil or ms < t.sent) then t.sent = ms end
+    end
+  end
+  for _, raw in ipairs(redis.call('LRANGE', K[Q], 0, -1)) do
+    local e = decode(raw)
+    if e then
+      if AT[e.status] then t[AT[e.status]] = t[AT[e.status]] + 1 end
+      if e.status == 'error' then
+        has_error = true
+      elseif due == nil and blocking(e.status) then
+        due = parse_ms(e.nextAttemptAt)
+      end
+      if t.oldest == nil and e.status == 'pending' then t.oldest = parse_ms(e.acceptedAt) end
+    end
+  end
+  return t, due, has_error
+end
+
+-- Store a tally derived from the lists, in place of what was stored.
+local function store_tally(K, ses, t)
+  local stored = stored_tally(K, ses)
+  for i, s in ipairs(STATUSES) do move(K, stored, s, t[i] - stored[i]) end
+  stored.sent = t.sent
+  save_tally(K, ses, stored)
+  set_oldest(K, ses, t.oldest)
+end
+
+local function retally(K, ses)
+  store_tally(K, ses, (derive(K)))
+end
+
+-- For a script that moves the tally by its own change (accept, stage, complete): the session's
+-- stored tally if it adds up to n, its entries before the change; nil if not, and then the
+-- script derives the tally after its change (retally) instead of moving it.
+local function tally_before(K, ses, n)
+  local t, sum = stored_tally(K, ses)
+  if sum == n then return t end
+  return nil
+end
+
+-- accept.lua pushed a pending entry accepted at `at` (ms) onto a session of n entries.
+local function tally_pushed(K, ses, n, at)
+  local t = tally_before(K, ses, n)
+  if not t then return retally(K, ses) end
+  -- No pending entry before it: the new one is the first in line.
+  if t[AT.pending] == 0 then set_oldest(K, ses, at) end
+  move(K, t, 'pending', 1)
+  save_tally(K, ses, t)
+end
+
+-- stage.lua moved a queue entry of status `old` into staging, which was empty (t is nil
+-- otherwise), as the entry e (decoded; delivering).
+local function tally_staged(K, ses, t, old, e)
+  if not (t and e) then return retally(K, ses) end
+  move(K, t, old, -1)
+  move(K, t, e.status, 1)
+  t.sent = sent_of(e)
+  save_tally(K, ses, t)
+  if old == 'pending' then set_oldest(K, ses, first_pending(K[Q])) end
+end
+
+-- complete.lua removed copies of one entry, of these statuses, from staging (from_staging)
+-- and the queue; `left` entries are still staged.
+local function tally_removed(K, ses, t, statuses, from_staging, left)
+  -- Staging that still holds entries (only ever after a failure) is derived again.
+  if not t or left > 0 then return retally(K, ses) end
+  local pending = false
+  for _, s in ipairs(statuses) do
+    move(K, t, s, -1)
+    pending = pending or s == 'pending'
+  end
+  if from_staging then t.sent = nil end
+  save_tally(K, ses, t)
+  if pending then set_oldest(K, ses, first_pending(K[Q])) end
+end
+
 -- The sessions and ready indexes, and the count, for one session, given its delivery head's
 -- due time (nil when nothing blocks).
 local function index(K, ses, now, due)
@@ -242,19 +438,11 @@ end
 
 -- Recompute the workspace indexes for one session from its lists: the only place they are
 -- derived, called at the end of every script that changes a session. Reads the whole queue
--- (the errors index needs every entry): for scripts that may add or remove an error entry.
+-- (the errors index needs every entry) and staging (0 or 1 entry but after a failure): for
+-- scripts that may add or remove an error entry. The tally is derived from the same read.
 local function refresh(K, ses, now)
-  local due, has_error = nil, false
-  for _, raw in ipairs(redis.call('LRANGE', K[Q], 0, -1)) do
-    local e = decode(raw)
-    if e then
-      if e.status == 'error' then
-        has_error = true
-      elseif due == nil and blocking(e.status) then
-        due = parse_ms(e.nextAttemptAt)
-      end
-    end
-  end
+  local t, due, has_error = derive(K)
+  store_tally(K, ses, t)
   if has_error then
     redis.call('SADD', K[ERRORS], ses)
   else

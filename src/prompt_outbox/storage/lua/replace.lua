@@ -7,7 +7,7 @@
   must hold that lock (fence): a worker whose lease lapsed gets 'lost'.
 
   Input:
-    KEYS[1..8] session keys
+    KEYS[1..9] session keys
     ARGV[1]    session ID
     ARGV[2]    lock value ('' for an operator that holds no lock)
     ARGV[3]    now, ms

@@ -2,20 +2,23 @@
   Stage-out: copy the head into staging BEFORE removing it from the queue, so a failure in
   between leaves the entry in both lists (a possible duplicate, never a loss). The entry
   count (KEYS[8]) stays: the entry moves from one list to the other. (A failure between the
-  two writes leaves the count one short until the session's next script counts again.)
+  two writes leaves the count one short until the session's next script counts again.) The
+  tally moves from the entry's old status to delivering, with its send start; when the entry
+  was pending, the oldest pending is the queue's next pending entry (tally_staged).
 
   With ARGV[4], it also forgets an OnDelivered call owed that has run (notified.lua's work,
   riding on the next stage instead of a round trip of its own), whatever the stage's outcome:
   the hook ran, and forgetting is idempotent.
 
   Input:
-    KEYS[1..8] session keys
-    KEYS[9]    owed OnDelivered calls (HASH)
-    KEYS[10]   their due times (ZSET)
-    ARGV[1]    lock value
-    ARGV[2]    the entry as it stands in the queue
-    ARGV[3]    the staged copy (status delivering, lastAttemptAt = the send window's start)
-    ARGV[4]    member "<ses>:<entry id>" of an owed call that has run, or ''
+    KEYS[1..9] session keys
+    KEYS[10]   owed OnDelivered calls (HASH)
+    KEYS[11]   their due times (ZSET)
+    ARGV[1]    session ID
+    ARGV[2]    lock value
+    ARGV[3]    the entry as it stands in the queue
+    ARGV[4]    the staged copy (status delivering, lastAttemptAt = the send window's start)
+    ARGV[5]    member "<ses>:<entry id>" of an owed call that has run, or ''
 
   Output:
     {'ok'}     staged
@@ -24,14 +27,19 @@
 
   Events: delivering.
 ]]
-local lockval, original, staged, ran = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local ses, lockval, original, staged, ran = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if ran ~= '' then
-  redis.call('ZREM', KEYS[10], ran)
-  redis.call('HDEL', KEYS[9], ran)
+  redis.call('ZREM', KEYS[11], ran)
+  redis.call('HDEL', KEYS[10], ran)
 end
 if not holds(KEYS, lockval) then return {'lost'} end
 if not redis.call('LPOS', KEYS[Q], original) then return {'gone'} end
+-- Staging is empty here but after a failure; then the tally is derived (before is nil).
+local before = nil
+if redis.call('LLEN', KEYS[D]) == 0 then
+  before = tally_before(KEYS, ses, redis.call('LLEN', KEYS[Q]))
+end
 redis.call('RPUSH', KEYS[D], staged)
 redis.call('LREM', KEYS[Q], 1, original)
-emit_state(KEYS, staged)
+tally_staged(KEYS, ses, before, status_of(original), emit_state(KEYS, staged))
 return {'ok'}
