@@ -53,7 +53,9 @@ chaos: $(STAMP)
 # throughput, memory and latency against
 # SAQ, BullMQ, streaq and arq (bench/peers; its first run installs each peer into a venv of
 # its own under .cache/, about half a minute); serve's peak memory under a flood of oversized
-# bodies and request heads, with and without a token, against its idle memory (bench/flood.py).
+# bodies and request heads, with and without a token, against its idle memory (bench/flood.py);
+# serve's peak memory for the overview routes and a /metrics count against a workspace holding
+# 100 MB, against its idle memory (bench/overview.py).
 # Tables go to the terminal and bench-report.md;
 # each target's verdict to bench-results.jsonl, from which bench/summary.py writes the targets
 # table into docs/performance.md.
@@ -67,6 +69,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.stalled --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.peers --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.flood --out bench-report.md --results bench-results.jsonl
+	$(BIN)/python -m bench.overview --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.summary --results bench-results.jsonl --doc docs/performance.md
 
 # The TypeScript client's generated types: clients/typescript/openapi.json from `prompt-outbox
