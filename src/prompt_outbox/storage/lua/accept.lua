@@ -70,7 +70,7 @@ redis.call('RPUSH', KEYS[Q], entry)
 emit(KEYS, 'accepted', id, entry)
 redis.call('SET', KEYS[10], id, 'PX', ttl)
 redis.call('SET', KEYS[11], ARGV[7], 'PX', ttl)
-tally_pushed(KEYS, ses, n, tonumber(ARGV[11]))
+tally().pushed(KEYS, ses, n, tonumber(ARGV[11]))
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.
 local readied = index_pushed(KEYS, ses, n, 0)
 if ARGV[8] == 'interrupt' then

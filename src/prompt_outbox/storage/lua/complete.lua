@@ -50,7 +50,8 @@ if refused then
 end
 -- The tally as it stood (nil if it did not add up): the removal moves it.
 local staged = redis.call('LLEN', KEYS[D])
-local before = tally_before(KEYS, ses, redis.call('LLEN', KEYS[Q]) + staged)
+local T = tally()
+local before = T.before(KEYS, ses, redis.call('LLEN', KEYS[Q]) + staged)
 -- Staging, then the queue up to its head: every copy a stage, restore or recovery can leave
 -- sits there (they insert at or before the head). Only when neither holds one (the claim of
 -- an error entry further back, or of nothing) is the whole queue read.
@@ -70,7 +71,7 @@ local claimed = removed > 0 or mine
 if removed > 0 and not (error_d or error_q) then
   -- Each copy removed leaves its own status (refresh() below derives it all instead).
   for _, s in ipairs(gone_q) do table.insert(gone_d, s) end
-  tally_removed(KEYS, ses, before, gone_d, from_d > 0, staged - from_d)
+  T.removed(KEYS, ses, before, gone_d, from_d > 0, staged - from_d)
 end
 if error_d or error_q then
   refresh(KEYS, ses, now)

@@ -239,175 +239,188 @@ end
   A tally in Lua is an array: t[i] the entries in STATUSES[i], t.sent the send start (ms or
   nil), t.oldest (derived ones only). Plain arrays and few tables: these run on the hot path. ]]
 
-local AT, NS = {}, #STATUSES
-for i, s in ipairs(STATUSES) do AT[s] = i end
-local TALLY_FORM = '^' .. string.rep('(%d+),', NS) .. '(%d*)$'
+-- The tally's functions, made on a script's first call: most scripts never move it, and every
+-- closure the prelude makes costs every call of every script (a few us for these).
+local tally_fns
+local function tally()
+  if tally_fns then return tally_fns end
+  local AT, NS = {}, #STATUSES
+  for i, s in ipairs(STATUSES) do AT[s] = i end
+  local TALLY_FORM = '^' .. string.rep('(%d+),', NS) .. '(%d*)$'
 
-local function tally_field(ses)
-  return ses .. COUNT_SEP .. 'tally'
-end
-
--- The status of an entry string: in O(1) for the form Python writes (status last, no blanks),
--- else by decoding it. Exact for valid JSON: an unescaped quote cannot stand inside a string,
--- so ',"status":"x"}' at the very end is the top-level object's last member (and, for a key
--- given twice, the one cjson keeps).
-local function status_of(raw)
-  local s = string.match(string.sub(raw, -32), '[,{]"status":"(%a+)"}$')
-  if s then return s end
-  local e = decode(raw)
-  return e and e.status
-end
-
-local function new_tally()
-  local t = {}
-  for i = 1, NS do t[i] = 0 end
-  return t
-end
-
--- The session's tally as stored (a new one if none), and the sum of its counts.
-local function stored_tally(K, ses)
-  local got = {string.match(redis.call('HGET', K[COUNT], tally_field(ses)) or '', TALLY_FORM)}
-  if #got == 0 then return new_tally(), 0 end
-  local sum = 0
-  for i = 1, NS do
-    got[i] = tonumber(got[i])
-    sum = sum + got[i]
+  local function tally_field(ses)
+    return ses .. COUNT_SEP .. 'tally'
   end
-  got.sent = tonumber(got[NS + 1])
-  got[NS + 1] = nil
-  return got, sum
-end
 
--- Move the session's tally t by delta entries in one status (never below 0), and the
--- workspace's total with it: a total is always the sum of its session fields. (Totals at 0
--- stay, a few fields a workspace; the count's key goes when the workspace empties.)
-local function move(K, t, status, delta)
-  local i = AT[status]
-  if not i then return end
-  local n = math.max(0, t[i] + delta)
-  if n == t[i] then return end
-  redis.call('HINCRBY', K[COUNT], ':' .. status, n - t[i])
-  t[i] = n
-end
-
--- Write the session's tally field; none when it counts nothing.
-local function save_tally(K, ses, t)
-  local any = t.sent ~= nil
-  for i = 1, NS do any = any or t[i] > 0 end
-  if not any then return redis.call('HDEL', K[COUNT], tally_field(ses)) end
-  local sent = t.sent and string.format('%d', t.sent) or ''
-  redis.call('HSET', K[COUNT], tally_field(ses), table.concat(t, ',', 1, NS) .. ',' .. sent)
-end
-
-local function set_oldest(K, ses, ms)
-  if ms then
-    redis.call('ZADD', K[OLDEST], ms, ses)
-  else
-    redis.call('ZREM', K[OLDEST], ses)
-  end
-end
-
--- When a staged (decoded) entry was handed to the agent, ms; nil if it does not say.
-local function sent_of(e)
-  if type(e.lastAttemptAt) == 'string' and e.lastAttemptAt ~= '' then
-    return parse_ms(e.lastAttemptAt)
-  end
-  return nil
-end
-
--- acceptedAt (ms) of the queue's first pending entry, or nil: reads the queue up to it only.
-local function first_pending(queue)
-  local at
-  walk(queue, function(_, e, _)
-    if e and e.status == 'pending' then at = parse_ms(e.acceptedAt) end
-    return at ~= nil
-  end)
-  return at
-end
-
--- Read the session's lists whole, decoding each entry: its tally (with oldest), its delivery
--- head's due time (nil when nothing blocks) and whether it holds an error entry.
-local function derive(K)
-  local t, due, has_error = new_tally(), nil, false
-  for _, raw in ipairs(redis.call('LRANGE', K[D], 0, -1)) do
+  -- The status of an entry string: in O(1) for the form Python writes (status last, no blanks),
+  -- else by decoding it. Exact for valid JSON: an unescaped quote cannot stand inside a string,
+  -- so ',"status":"x"}' at the very end is the top-level object's last member (and, for a key
+  -- given twice, the one cjson keeps).
+  local function status_of(raw)
+    local s = string.match(string.sub(raw, -32), '[,{]"status":"(%a+)"}$')
+    if s then return s end
     local e = decode(raw)
-    if e then
-      if AT[e.status] then t[AT[e.status]] = t[AT[e.status]] + 1 end
-      local ms = sent_of(e)
-      if ms and (t.sent == nil or ms < t.sent) then t.sent = ms end
+    return e and e.status
+  end
+
+  local function new_tally()
+    local t = {}
+    for i = 1, NS do t[i] = 0 end
+    return t
+  end
+
+  -- The session's tally as stored (a new one if none), and the sum of its counts.
+  local function stored_tally(K, ses)
+    local got = {string.match(redis.call('HGET', K[COUNT], tally_field(ses)) or '', TALLY_FORM)}
+    if #got == 0 then return new_tally(), 0 end
+    local sum = 0
+    for i = 1, NS do
+      got[i] = tonumber(got[i])
+      sum = sum + got[i]
+    end
+    got.sent = tonumber(got[NS + 1])
+    got[NS + 1] = nil
+    return got, sum
+  end
+
+  -- Move the session's tally t by delta entries in one status (never below 0), and the
+  -- workspace's total with it: a total is always the sum of its session fields. (Totals at 0
+  -- stay, a few fields a workspace; the count's key goes when the workspace empties.)
+  local function move(K, t, status, delta)
+    local i = AT[status]
+    if not i then return end
+    local n = math.max(0, t[i] + delta)
+    if n == t[i] then return end
+    redis.call('HINCRBY', K[COUNT], ':' .. status, n - t[i])
+    t[i] = n
+  end
+
+  -- Write the session's tally field; none when it counts nothing.
+  local function save_tally(K, ses, t)
+    local any = t.sent ~= nil
+    for i = 1, NS do any = any or t[i] > 0 end
+    if not any then return redis.call('HDEL', K[COUNT], tally_field(ses)) end
+    local sent = t.sent and string.format('%d', t.sent) or ''
+    redis.call('HSET', K[COUNT], tally_field(ses), table.concat(t, ',', 1, NS) .. ',' .. sent)
+  end
+
+  local function set_oldest(K, ses, ms)
+    if ms then
+      redis.call('ZADD', K[OLDEST], ms, ses)
+    else
+      redis.call('ZREM', K[OLDEST], ses)
     end
   end
-  for _, raw in ipairs(redis.call('LRANGE', K[Q], 0, -1)) do
-    local e = decode(raw)
-    if e then
-      if AT[e.status] then t[AT[e.status]] = t[AT[e.status]] + 1 end
-      if e.status == 'error' then
-        has_error = true
-      elseif due == nil and blocking(e.status) then
-        due = parse_ms(e.nextAttemptAt)
+
+  -- When a staged (decoded) entry was handed to the agent, ms; nil if it does not say.
+  local function sent_of(e)
+    if type(e.lastAttemptAt) == 'string' and e.lastAttemptAt ~= '' then
+      return parse_ms(e.lastAttemptAt)
+    end
+    return nil
+  end
+
+  -- acceptedAt (ms) of the queue's first pending entry, or nil: reads the queue up to it only.
+  local function first_pending(queue)
+    local at
+    walk(queue, function(_, e, _)
+      if e and e.status == 'pending' then at = parse_ms(e.acceptedAt) end
+      return at ~= nil
+    end)
+    return at
+  end
+
+  -- Read the session's lists whole, decoding each entry: its tally (with oldest), its delivery
+  -- head's due time (nil when nothing blocks) and whether it holds an error entry.
+  local function derive(K)
+    local t, due, has_error = new_tally(), nil, false
+    for _, raw in ipairs(redis.call('LRANGE', K[D], 0, -1)) do
+      local e = decode(raw)
+      if e then
+        if AT[e.status] then t[AT[e.status]] = t[AT[e.status]] + 1 end
+        local ms = sent_of(e)
+        if ms and (t.sent == nil or ms < t.sent) then t.sent = ms end
       end
-      if t.oldest == nil and e.status == 'pending' then t.oldest = parse_ms(e.acceptedAt) end
     end
+    for _, raw in ipairs(redis.call('LRANGE', K[Q], 0, -1)) do
+      local e = decode(raw)
+      if e then
+        if AT[e.status] then t[AT[e.status]] = t[AT[e.status]] + 1 end
+        if e.status == 'error' then
+          has_error = true
+        elseif due == nil and blocking(e.status) then
+          due = parse_ms(e.nextAttemptAt)
+        end
+        if t.oldest == nil and e.status == 'pending' then t.oldest = parse_ms(e.acceptedAt) end
+      end
+    end
+    return t, due, has_error
   end
-  return t, due, has_error
-end
 
--- Store a tally derived from the lists, in place of what was stored.
-local function store_tally(K, ses, t)
-  local stored = stored_tally(K, ses)
-  for i, s in ipairs(STATUSES) do move(K, stored, s, t[i] - stored[i]) end
-  stored.sent = t.sent
-  save_tally(K, ses, stored)
-  set_oldest(K, ses, t.oldest)
-end
-
-local function retally(K, ses)
-  store_tally(K, ses, (derive(K)))
-end
-
--- For a script that moves the tally by its own change (accept, stage, complete): the session's
--- stored tally if it adds up to n, its entries before the change; nil if not, and then the
--- script derives the tally after its change (retally) instead of moving it.
-local function tally_before(K, ses, n)
-  local t, sum = stored_tally(K, ses)
-  if sum == n then return t end
-  return nil
-end
-
--- accept.lua pushed a pending entry accepted at `at` (ms) onto a session of n entries.
-local function tally_pushed(K, ses, n, at)
-  local t = tally_before(K, ses, n)
-  if not t then return retally(K, ses) end
-  -- No pending entry before it: the new one is the first in line.
-  if t[AT.pending] == 0 then set_oldest(K, ses, at) end
-  move(K, t, 'pending', 1)
-  save_tally(K, ses, t)
-end
-
--- stage.lua moved a queue entry of status `old` into staging, which was empty (t is nil
--- otherwise), as the entry e (decoded; delivering).
-local function tally_staged(K, ses, t, old, e)
-  if not (t and e) then return retally(K, ses) end
-  move(K, t, old, -1)
-  move(K, t, e.status, 1)
-  t.sent = sent_of(e)
-  save_tally(K, ses, t)
-  if old == 'pending' then set_oldest(K, ses, first_pending(K[Q])) end
-end
-
--- complete.lua removed copies of one entry, of these statuses, from staging (from_staging)
--- and the queue; `left` entries are still staged.
-local function tally_removed(K, ses, t, statuses, from_staging, left)
-  -- Staging that still holds entries (only ever after a failure) is derived again.
-  if not t or left > 0 then return retally(K, ses) end
-  local pending = false
-  for _, s in ipairs(statuses) do
-    move(K, t, s, -1)
-    pending = pending or s == 'pending'
+  -- Store a tally derived from the lists, in place of what was stored.
+  local function store_tally(K, ses, t)
+    local stored = stored_tally(K, ses)
+    for i, s in ipairs(STATUSES) do move(K, stored, s, t[i] - stored[i]) end
+    stored.sent = t.sent
+    save_tally(K, ses, stored)
+    set_oldest(K, ses, t.oldest)
   end
-  if from_staging then t.sent = nil end
-  save_tally(K, ses, t)
-  if pending then set_oldest(K, ses, first_pending(K[Q])) end
+
+  local function retally(K, ses)
+    store_tally(K, ses, (derive(K)))
+  end
+
+  -- For a script that moves the tally by its own change (accept, stage, complete): the session's
+  -- stored tally if it adds up to n, its entries before the change; nil if not, and then the
+  -- script derives the tally after its change (retally) instead of moving it.
+  local function tally_before(K, ses, n)
+    local t, sum = stored_tally(K, ses)
+    if sum == n then return t end
+    return nil
+  end
+
+  -- accept.lua pushed a pending entry accepted at `at` (ms) onto a session of n entries.
+  local function tally_pushed(K, ses, n, at)
+    local t = tally_before(K, ses, n)
+    if not t then return retally(K, ses) end
+    -- No pending entry before it: the new one is the first in line.
+    if t[AT.pending] == 0 then set_oldest(K, ses, at) end
+    move(K, t, 'pending', 1)
+    save_tally(K, ses, t)
+  end
+
+  -- stage.lua moved a queue entry of status `old` into staging, which was empty (t is nil
+  -- otherwise), as the entry e (decoded; delivering).
+  local function tally_staged(K, ses, t, old, e)
+    if not (t and e) then return retally(K, ses) end
+    move(K, t, old, -1)
+    move(K, t, e.status, 1)
+    t.sent = sent_of(e)
+    save_tally(K, ses, t)
+    if old == 'pending' then set_oldest(K, ses, first_pending(K[Q])) end
+  end
+
+  -- complete.lua removed copies of one entry, of these statuses, from staging (from_staging)
+  -- and the queue; `left` entries are still staged.
+  local function tally_removed(K, ses, t, statuses, from_staging, left)
+    -- Staging that still holds entries (only ever after a failure) is derived again.
+    if not t or left > 0 then return retally(K, ses) end
+    local pending = false
+    for _, s in ipairs(statuses) do
+      move(K, t, s, -1)
+      pending = pending or s == 'pending'
+    end
+    if from_staging then t.sent = nil end
+    save_tally(K, ses, t)
+    if pending then set_oldest(K, ses, first_pending(K[Q])) end
+  end
+
+  tally_fns = {
+    NS = NS, status_of = status_of, stored = stored_tally, derive = derive,
+    store = store_tally, before = tally_before, pushed = tally_pushed,
+    staged = tally_staged, removed = tally_removed,
+  }
+  return tally_fns
 end
 
 -- The sessions and ready indexes, and the count, for one session, given its delivery head's
@@ -441,8 +454,9 @@ end
 -- (the errors index needs every entry) and staging (0 or 1 entry but after a failure): for
 -- scripts that may add or remove an error entry. The tally is derived from the same read.
 local function refresh(K, ses, now)
-  local t, due, has_error = derive(K)
-  store_tally(K, ses, t)
+  local T = tally()
+  local t, due, has_error = T.derive(K)
+  T.store(K, ses, t)
   if has_error then
     redis.call('SADD', K[ERRORS], ses)
   else

@@ -35,11 +35,11 @@ end
 if not holds(KEYS, lockval) then return {'lost'} end
 if not redis.call('LPOS', KEYS[Q], original) then return {'gone'} end
 -- Staging is empty here but after a failure; then the tally is derived (before is nil).
-local before = nil
+local T, before = tally(), nil
 if redis.call('LLEN', KEYS[D]) == 0 then
-  before = tally_before(KEYS, ses, redis.call('LLEN', KEYS[Q]))
+  before = T.before(KEYS, ses, redis.call('LLEN', KEYS[Q]))
 end
 redis.call('RPUSH', KEYS[D], staged)
 redis.call('LREM', KEYS[Q], 1, original)
-tally_staged(KEYS, ses, before, status_of(original), emit_state(KEYS, staged))
+T.staged(KEYS, ses, before, T.status_of(original), emit_state(KEYS, staged))
 return {'ok'}

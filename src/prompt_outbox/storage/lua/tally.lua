@@ -16,13 +16,13 @@
 
   Events: none.
 ]]
-local K = {[COUNT] = KEYS[1], [OLDEST] = KEYS[2]}
+local T, K = tally(), {[COUNT] = KEYS[1], [OLDEST] = KEYS[2]}
 local out = {'ok'}
 for i, ses in ipairs(ARGV) do
-  local t = stored_tally(K, ses)
+  local t = T.stored(K, ses)
   local lock = KEYS[2 + i]
   table.insert(out, {
-    {unpack(t, 1, NS)},
+    {unpack(t, 1, T.NS)},
     redis.call('ZSCORE', K[OLDEST], ses) or '',
     t.sent and string.format('%d', t.sent) or '',
     redis.call('GET', lock) or '',
