@@ -1,10 +1,11 @@
 """Unauthenticated probes: liveness, readiness (Valkey answers), and Prometheus metrics.
 
 ``/metrics`` costs O(1) in the data held: the process's counters, and the entries-by-status
-gauge from the last count. Counting reads every entry (O(entries)), so it runs at most once
-per ``EntryCounts.interval`` whatever the scrape rate: a scrape that finds the count older
-than that recounts (one at a time; the scrapes meanwhile get the last count), and an attacker
-who scrapes in a loop costs one count per interval, not one per request.
+gauge from the last count. Counting reads the totals the transitions keep, a few fields a
+workspace (O(workspaces), never an entry), and still runs at most once per
+``EntryCounts.interval`` whatever the scrape rate: a scrape that finds the count older than
+that recounts (one at a time; the scrapes meanwhile get the last count), and an attacker who
+scrapes in a loop costs one count per interval, not one per request.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ router = APIRouter()
 
 class EntryCounts:
     """The entries-by-status gauge's numbers, recounted at most once per ``interval`` seconds
-    (0: never counted, no gauge). ``count`` is the O(entries) walk (``Outbox.count_by_status``)."""
+    (0: never counted, no gauge). ``count`` is ``Outbox.count_by_status``, O(workspaces)."""
 
     def __init__(
         self,

@@ -224,8 +224,8 @@ async def run_api(
     show_default=True,
     envvar="PROMPT_OUTBOX_METRICS_COUNT_INTERVAL",
     type=click.FloatRange(min=0),
-    help="seconds between two counts of the entries by status for /metrics (each reads every "
-    "entry; scrapes in between get the last count); 0: no entries gauge",
+    help="seconds between two counts of the entries by status for /metrics (each reads a few "
+    "fields a workspace; scrapes in between get the last count); 0: no entries gauge",
 )
 @click.option(
     "--access-log/--no-access-log",
