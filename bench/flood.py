@@ -180,6 +180,27 @@ def sampled(pid: int, every: float = 0.02) -> Iterator[list[int]]:
         thread.join()
 
 
+class PeakRss:
+    """A process's peak RSS (kB) over one block at a time: VmHWM reset before each block where
+    the kernel lets us (``reset`` stays True while it has), and VmRSS sampled besides."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.reset = True
+
+    @contextlib.contextmanager
+    def during(self) -> Iterator[list[int]]:
+        """The block's peak lands in the yielded list when it ends."""
+        self.reset = reset_peak(self.pid) and self.reset
+        out: list[int] = []
+        with sampled(self.pid) as samples:
+            yield out
+        peak = max([status_kb(self.pid, "VmRSS"), *samples])
+        if self.reset:
+            peak = max(peak, status_kb(self.pid, "VmHWM"))
+        out.append(peak)
+
+
 async def probe(port: int, until: asyncio.Event) -> list[float]:
     """``GET /healthz`` every PROBE_EVERY s until ``until``; each answer's time (ms)."""
     times: list[float] = []
@@ -259,17 +280,15 @@ async def measure(pid: int, port: int, report: Report, chosen: list[Kind]) -> No
     report.idle_probe_ms = statistics.median(await idle_probe)
     report.idle_kb = status_kb(pid, "VmRSS")
     limit = report.megabytes * 1024 * 1024
+    rss = PeakRss(pid)
     for kind in chosen:
-        report.peak_reset = reset_peak(pid) and report.peak_reset
         done = asyncio.Event()
         probing = asyncio.ensure_future(probe(port, done))
-        with sampled(pid) as samples:
+        with rss.during() as peaks:
             ends = await flood(port, kind, report.requests, report.connections, limit)
         done.set()
         times = await probing
-        peak = max([status_kb(pid, "VmRSS"), *samples])
-        if report.peak_reset:
-            peak = max(peak, status_kb(pid, "VmHWM"))
+        peak, report.peak_reset = peaks[0], rss.reset
         report.rows.append(Row(kind.name, dict(ends), peak, max(times, default=0.0)))
         print(f"{kind.name:34} {dict(ends)} peak {peak / 1024:.0f} MB", flush=True)
 

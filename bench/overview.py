@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.flood import reset_peak, sampled, status_kb
+from bench.flood import PeakRss, status_kb
 from bench.http import BIN, running
 from bench.output import publish, verdict
 from prompt_outbox import Outbox
@@ -122,10 +122,11 @@ async def measure(pid: int, port: int, report: Report) -> None:
         await asyncio.sleep(0.5)
         report.idle_kb = status_kb(pid, "VmRSS")
 
+        rss = PeakRss(pid)
+
         async def once(name: str, path: str, headers: dict[str, str]) -> httpx.Response:
-            report.peak_reset = reset_peak(pid) and report.peak_reset
             started, wall = time.perf_counter(), time.time()
-            with sampled(pid) as samples:
+            with rss.during() as peaks:
                 answer = await client.get(path, headers=headers)
                 # The scrape that finds the count stale starts a new one: scrape until the
                 # gauge shows that one.
@@ -134,9 +135,7 @@ async def measure(pid: int, port: int, report: Report) -> None:
                     await asyncio.sleep(0.1)
                     answer = await client.get(path, headers=headers)
             seconds = time.perf_counter() - started
-            peak = max([status_kb(pid, "VmRSS"), *samples])
-            if report.peak_reset:
-                peak = max(peak, status_kb(pid, "VmHWM"))
+            peak, report.peak_reset = peaks[0], rss.reset
             report.rows.append(Row(name, answer.status_code, peak, seconds))
             print(f"{name:32} {answer.status_code} peak {peak / 1024:.0f} MB", flush=True)
             return answer
