@@ -15,14 +15,14 @@ from dataclasses import replace
 from .core import machine
 from .core.callbacks import BulkResult, DismissResult, EditResult, RetryResult
 from .core.entry import Entry, Status, decode_entry
-from .core.errors import InvalidInput, StorageFull
+from .core.errors import InvalidInput, StorageFull, WorkspaceLogsFull
 from .core.failpoints import CrashPoint, reached
 from .core.keys import SessionKeys, WorkspaceKeys, check_id, session_keys, workspace_keys
 from .core.metrics import Metrics
 from .core.validate import check_model, check_reason, check_text
 from .delivery.engine import Engine
 from .delivery.maintenance import Maintenance
-from .storage.replies import Edited, Replace, Snapshot
+from .storage.replies import Counted, Edited, Replace, Snapshot
 from .storage.store import Store
 
 log = logging.getLogger("prompt_outbox.admin")
@@ -80,7 +80,11 @@ class Admin:
             return raw, machine.retried(e).to_json()
 
         k = session_keys(workspace_id, session_id)
-        result = RetryResult(await self._edit_one(k, entry_id, pick, CrashPoint.RETRY_BEFORE_WRITE))
+        # A client's retry re-arms the entry for more moves, each logging it whole: it stops
+        # at the workspace's log bound, as an accept does.
+        bound = self.engine.tunables.workspace_log_bytes
+        point = CrashPoint.RETRY_BEFORE_WRITE
+        result = RetryResult(await self._edit_one(k, entry_id, pick, point, log_bytes=bound))
         if result is RetryResult.UPDATED:
             self.metrics.retried.labels(reason="operator").inc()
         return result
@@ -117,6 +121,7 @@ class Admin:
         over = await self.store.memory.over(k)
         if over is not None:
             raise StorageFull(over.used, over.limit)
+        bound = self.engine.tunables.workspace_log_bytes  # and at its workspace's log bound
         for _ in range(3):
             snap = await self._settled(k)
             if snap.locked:
@@ -132,7 +137,11 @@ class Admin:
                 text=e.text if text is None else text,
                 model=e.model if model is None else new_model,
             )
-            done = await self.store.edit(k, raw, new.to_json(), entry_id)
+            try:
+                done = await self.store.edit(k, raw, new.to_json(), entry_id, log_bytes=bound)
+            except WorkspaceLogsFull:
+                self.metrics.refused_logs_full.inc()
+                raise
             if done is Edited.OK:
                 self.metrics.edited.inc()
                 return EditResult.UPDATED
@@ -177,7 +186,9 @@ class Admin:
     async def retry_errors(self, workspace_id: str, session_id: str | None) -> BulkResult:
         """``Outbox.retry_errors``."""
         keys = await self._with_errors(workspace_id, session_id)
-        done = await self._edit_sessions(keys, "retry errors", _edited(_retried_if_error))
+        bound = self.engine.tunables.workspace_log_bytes  # as retry's
+        retried = _edited(_retried_if_error)
+        done = await self._edit_sessions(keys, "retry errors", retried, log_bytes=bound)
         self.metrics.retried.labels(reason="operator").inc(done.done)
         return done
 
@@ -228,10 +239,10 @@ class Admin:
         return snap
 
     async def _edit_one(
-        self, k: SessionKeys, entry_id: str, pick: Pick, point: CrashPoint
+        self, k: SessionKeys, entry_id: str, pick: Pick, point: CrashPoint, log_bytes: int = 0
     ) -> _Edit:
         """Swap one entry unless the lock is held. A swap that misses because the entry
-        changed meanwhile is retried on a new read."""
+        changed meanwhile is retried on a new read. ``log_bytes``: ``_replace``'s."""
         check_id("entry ID", entry_id)
         for _ in range(3):
             snap = await self._settled(k)
@@ -241,7 +252,7 @@ class Admin:
             if pair is None:
                 return _Edit.MISSING
             reached(point)
-            done = await self.store.replace(k, "", self.engine.now_ms(), [pair])
+            done = await self._replace(k, [pair], log_bytes)
             if done.outcome is Replace.BUSY:
                 return _Edit.BUSY
             if done.count:
@@ -261,9 +272,11 @@ class Admin:
         what: str,
         pairs_of: Pairs,
         point: CrashPoint | None = None,
+        log_bytes: int = 0,
     ) -> BulkResult:
         """Write ``pairs_of`` each idle session; a session a delivery holds is skipped (and
-        named in the result), never waited for."""
+        named in the result), never waited for. ``log_bytes``: ``_replace``'s (a refusal ends
+        the walk; the sessions written before it stay written, each in one step)."""
         total, busy = 0, []
         for k in keys:
             snap = await self._settled(k)
@@ -273,7 +286,7 @@ class Admin:
             pairs = pairs_of(snap)
             if not pairs:
                 continue
-            done = await self.store.replace(k, "", self.engine.now_ms(), pairs)
+            done = await self._replace(k, pairs, log_bytes)
             if done.outcome is Replace.BUSY:
                 busy.append(k.ses)
             total += done.count
@@ -283,6 +296,17 @@ class Admin:
             ws = keys[0].ws
             log.warning("%s skipped busy sessions", what, extra={"ws": ws, "sessions": busy})
         return BulkResult(total, tuple(busy))
+
+    async def _replace(
+        self, k: SessionKeys, pairs: list[tuple[str, str]], log_bytes: int
+    ) -> Counted[Replace]:
+        """An operator's swap (no lock held); ``log_bytes`` > 0 refuses it at the workspace's
+        log bound (``WorkspaceLogsFull``, counted), 0 never."""
+        try:
+            return await self.store.replace(k, "", self.engine.now_ms(), pairs, log_bytes=log_bytes)
+        except WorkspaceLogsFull:
+            self.metrics.refused_logs_full.inc()
+            raise
 
 
 def _find(raws: Sequence[str], entry_id: str) -> str | None:

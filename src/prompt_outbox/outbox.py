@@ -172,8 +172,10 @@ class Outbox:
         too, nothing written) when it was accepted with another text or model, ``OutboxFull``
         at ``cap`` (``WorkspaceFull``, an ``OutboxFull`` too, at ``workspace_cap``),
         ``StorageFull`` while Valkey's memory is at ``accept_memory_ratio`` of its maxmemory,
-        ``ValueError`` (an ``InvalidInput``) for bad input. The dedupe marker is
-        written only after the push, in the same script: never half-written.
+        ``WorkspaceLogsFull`` while the workspace's event logs took ``workspace_log_bytes``
+        in this window of ``event_log_ttl`` and the one before, ``ValueError`` (an
+        ``InvalidInput``) for bad input. The dedupe marker is written only after the push, in
+        the same script: never half-written.
 
         Returns (or raises ``Duplicate``) once the entry is as durable as
         ``accept_durability`` asks (see ``check_durability``); ``NotDurable`` when the wait
@@ -210,8 +212,9 @@ class Outbox:
             to_ms(now),
             self._wait,
             while_busy=policy,
+            log_bytes=t.workspace_log_bytes,
         )
-        refused = reply.refusal(t.cap, t.workspace_cap)
+        refused = reply.refusal(t.cap, t.workspace_cap, t.workspace_log_bytes)
         if refused is not None:
             self.metrics.refused[reply.outcome.value].inc()
             raise refused
@@ -378,7 +381,9 @@ class Outbox:
 
     async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
         """Clear an error entry back to pending. BUSY while the session lock is held;
-        NOT_FOUND when the session has no error entry with that ID."""
+        NOT_FOUND when the session has no error entry with that ID. ``WorkspaceLogsFull``,
+        nothing written, at accept's bound on the workspace's logs (a retry re-arms the
+        entry for more moves, each logging it whole)."""
         return await self._admin.retry(workspace_id, session_id, entry_id)
 
     async def edit(
@@ -395,7 +400,8 @@ class Outbox:
         in error until it is retried. BUSY while the session lock is held; NOT_EDITABLE once
         the entry is staged, verifying or parked; NOT_FOUND if absent. Emits ``edited``.
         Bad input raises InvalidInput, as accept's does; so does an edit of neither.
-        ``StorageFull`` at accept's memory ceiling (an edit logs the whole entry again)."""
+        ``StorageFull`` at accept's memory ceiling and ``WorkspaceLogsFull`` at its bound on
+        the workspace's logs (an edit logs the whole entry again)."""
         return await self._admin.edit(workspace_id, session_id, entry_id, text, model)
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
@@ -427,7 +433,8 @@ class Outbox:
     async def retry_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
         """Re-arm every error entry of the session (of every session of the workspace, when
         none is named) that no delivery holds; held sessions are skipped and named in
-        ``busy`` (try again). Error entries are found through the workspace's errors index."""
+        ``busy`` (try again). Error entries are found through the workspace's errors index.
+        ``WorkspaceLogsFull`` as ``retry``: the sessions re-armed before it stay so."""
         return await self._admin.retry_errors(workspace_id, session_id)
 
     async def dismiss_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:

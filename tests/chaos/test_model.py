@@ -358,6 +358,20 @@ class OutboxVersusModel(RuleBasedStateMachine):
         assert incremental == self.run(indexes())
         assert kept == self.run(tally.stored(self.client, WS))
 
+    @invariant()
+    def log_bytes_count_every_event(self) -> None:
+        # The workspace's log bound counts what each event carries (its ID, its fields' names
+        # and values) as emit() logs it: every script's events, exactly. (One session, a log
+        # that neither trims nor expires within a run.)
+        k = session_keys(WS, SES)
+        rows = self.run(self.client.xrange(k.events))
+        carried = sum(
+            len(event_id) + sum(len(name) + len(value) for name, value in fields.items())
+            for event_id, fields in rows
+        )
+        counted = self.run(self.client.hvals(k.workspace.log_bytes))
+        assert sum(int(n) for n in counted) == carried
+
 
 RUNS = [
     pytest.param(300, id="short"),

@@ -22,7 +22,7 @@ def _out(result: BulkResult) -> BulkOut:
     return BulkOut(done=result.done, busy=list(result.busy))
 
 
-@router.post(SESSION_ERRORS + "/retry", responses=errors())
+@router.post(SESSION_ERRORS + "/retry", responses=errors(429))  # workspace_logs_full
 async def retry_session_errors(
     ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep
 ) -> BulkOut:
@@ -38,7 +38,7 @@ async def dismiss_session_errors(
     return _out(await outbox.dismiss_errors(ws, ses))
 
 
-@router.post(WORKSPACE_ERRORS + "/retry", responses=errors())
+@router.post(WORKSPACE_ERRORS + "/retry", responses=errors(429))  # as the session's
 async def retry_workspace_errors(ws: WorkspaceId, caller: Caller, outbox: OutboxDep) -> BulkOut:
     """Re-arm every error entry of every session of the workspace that no delivery holds."""
     return _out(await outbox.retry_errors(ws))

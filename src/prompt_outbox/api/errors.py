@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -28,6 +29,7 @@ from ..core.errors import (
     StorageFull,
     TextTooLarge,
     WorkspaceFull,
+    WorkspaceLogsFull,
 )
 from ..core.keys import ID_PATTERN, MAX_ID_LENGTH, check_id
 from ..storage.store import UNAVAILABLE
@@ -83,7 +85,9 @@ ERROR_WHY = {
     "for an accept or an edit, rate_limited: the token writes faster than its accept rate "
     "(Retry-After); "
     "outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap "
-    "entries, nothing written (Retry-After)",
+    "entries, nothing written (Retry-After); for an accept, an edit or a retry, "
+    "workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, "
+    "nothing written (Retry-After: when that clears)",
     503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
     "accept, not_durable: written (its id) but not confirmed at accept_durability in time; "
     "deadline_exceeded: no answer within the request deadline (Retry-After; an accept may "
@@ -128,6 +132,13 @@ async def _outbox_full(_: Request, exc: OutboxFull) -> Response:
 
 async def _workspace_full(_: Request, exc: WorkspaceFull) -> Response:
     return error_response(429, "workspace_full", str(exc), headers=FULL_RETRY_AFTER)
+
+
+async def _logs_full(_: Request, exc: WorkspaceLogsFull) -> Response:
+    # Only time makes this room (a window of the logs' lifetime passing), so Retry-After says
+    # when, however long: a client that sent again sooner would only be refused again.
+    retry_after = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return error_response(429, "workspace_logs_full", str(exc), headers=retry_after)
 
 
 async def _storage_full(_: Request, exc: StorageFull | OutOfMemoryError) -> Response:
@@ -208,6 +219,7 @@ EXCEPTION_HANDLERS: dict[
     InvalidInput: _invalid_input,  # and its kinds, by their code
     OutboxFull: _outbox_full,
     WorkspaceFull: _workspace_full,  # an OutboxFull with its own code
+    WorkspaceLogsFull: _logs_full,
     StorageFull: _storage_full,
     # Valkey past its maxmemory refused the write (noeviction): the same answer, not a 500.
     OutOfMemoryError: _storage_full,

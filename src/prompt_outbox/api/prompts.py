@@ -178,7 +178,7 @@ async def list_prompts(
     return Response(encode_list(await outbox.list(ws, ses)), media_type="application/json")
 
 
-@router.post(SESSION + "/prompts/{entry_id}/retry", responses=errors(404, 409))
+@router.post(SESSION + "/prompts/{entry_id}/retry", responses=errors(404, 409, 429))
 async def retry_prompt(
     ws: WorkspaceId, ses: SessionId, entry_id: EntryId, caller: Caller, outbox: OutboxDep
 ) -> Retried:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class InvalidInput(ValueError):
     """Bad input, refused before anything is written. ``code`` names the kind, stably: the
@@ -77,6 +79,23 @@ class WorkspaceFull(OutboxFull):
     def __init__(self, cap: int) -> None:
         Exception.__init__(self, f"workspace outbox is full ({cap} entries over its sessions)")
         self.cap = cap
+
+
+class WorkspaceLogsFull(Exception):
+    """The workspace's event logs took ``limit`` bytes or more (``Tunables.workspace_log_bytes``)
+    in the current and the previous window of ``event_log_ttl``: an accept, an edit or a
+    retry, each of which logs a whole entry (a retry re-arms one for more moves), is refused
+    with nothing written. Deliveries and every other move of what is already accepted keep
+    logging. Only time makes room: the older window's bytes stop counting at a window
+    boundary, ``retry_after`` seconds from the refusal. ``used``: the bytes counted. Not an
+    ``OutboxFull``: deliveries do not free this room."""
+
+    def __init__(self, used: int, limit: int, retry_after: float) -> None:
+        super().__init__(
+            f"this workspace's event logs took {used} bytes lately, at or past their bound "
+            f"of {limit}: accepts, edits and retries are refused for {math.ceil(retry_after)} s"
+        )
+        self.used, self.limit, self.retry_after = used, limit, retry_after
 
 
 class StorageFull(Exception):

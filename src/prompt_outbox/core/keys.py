@@ -44,6 +44,7 @@ WORKSPACE_KEY_PREFIXES: tuple[str, ...] = (
     "outboxnotifydue:",
     "outboxcount:",
     "outboxoldest:",
+    "outboxlogbytes:",
 )
 """The prefix of every key that belongs to one workspace: each is ``<prefix>{<ws>}``, alone
 or followed by ``:`` and the rest. Cleanup deletes exactly the keys under these
@@ -185,6 +186,14 @@ class WorkspaceKeys:
         return f"outboxoldest:{{{self.ws}}}"
 
     @property
+    def log_bytes(self) -> str:
+        """HASH window -> bytes: what the workspace's event logs took in each window of
+        ``event_log_ttl`` (window = server ms // the TTL in ms), kept by every event
+        (``lib.lua`` ``emit``). The current and the previous window hold every byte the logs
+        can still hold: accepts and edits stop past ``Tunables.workspace_log_bytes``."""
+        return f"outboxlogbytes:{{{self.ws}}}"
+
+    @property
     def bucket(self) -> BucketKeys:
         return BucketKeys(bucket_of(self.ws))
 
@@ -253,6 +262,7 @@ class SessionKeys:
             self.events,
             w.count,
             w.oldest,
+            w.log_bytes,
         ]
 
 

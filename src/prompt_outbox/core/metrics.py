@@ -45,6 +45,12 @@ class Metrics:
             "Accepts refused: Valkey's memory was at accept_memory_ratio of its maxmemory.",
             registry=r,
         )
+        self.refused_logs_full = Counter(
+            "prompt_outbox_refused_logs_full",
+            "Accepts, edits and retries refused: the workspace's event logs took "
+            "workspace_log_bytes in this window of event_log_ttl and the one before.",
+            registry=r,
+        )
         self.refused_busy = Counter(
             "prompt_outbox_refused_busy",
             "Accepts refused: whileBusy reject, and the session was busy.",
@@ -66,6 +72,7 @@ class Metrics:
             "full": self.refused_full,
             "workspace_full": self.refused_workspace_full,
             "storage_full": self.refused_storage_full,
+            "logs_full": self.refused_logs_full,
             "rejected": self.refused_busy,
             "reused": self.refused_reused,
         }

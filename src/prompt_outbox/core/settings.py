@@ -54,7 +54,10 @@ class Tunables:
     default, ``fsync``, costs nothing on a server with ``appendfsync always`` (the embedded one).
 
     ``workspace_cap`` bounds the entries of one workspace over all its sessions (``cap`` bounds
-    one session's). ``accept_memory_ratio``: accepts stop (``StorageFull``) while Valkey's used
+    one session's). ``workspace_log_bytes`` bounds what its sessions' event logs may take in
+    the current and the previous window of ``event_log_ttl`` (a log lives that long from its
+    first event): past it accepts, edits and retries stop (``WorkspaceLogsFull``).
+    ``accept_memory_ratio``: accepts stop (``StorageFull``) while Valkey's used
     memory is at that share of its ``maxmemory`` (a server without one has no such check), so
     deliveries, which free room, still have the rest; ``memory_check_interval`` is how long a
     node's reading is kept.
@@ -91,6 +94,11 @@ class Tunables:
     # The per-session event log behind SSE: its newest events, dropped after a quiet spell.
     event_log_len: int = 1000
     event_log_ttl: float = 24 * _HOUR
+    # Ours: bytes one workspace's event logs may take in this window of event_log_ttl and the
+    # one before (every byte they hold), before its accepts, edits, retries stop. Busy normal use
+    # logs ~1.5 MB a session a day (50 prompts of 10 KB, each logged ~3 times): this is 170
+    # such sessions a day; an eighth of the embedded server's largest default maxmemory.
+    workspace_log_bytes: int = 512 * 1024 * 1024
     # What an acknowledged accept promises, and how long an accept waits for that promise.
     accept_durability: DurabilityLevel = _DEFAULT_LEVEL  # type: ignore[assignment]
     durability_timeout: float = 5.0

@@ -19,9 +19,11 @@ could not follow. Once buffered plus announced pass ``max_behind``, or a notice 
 bytes are full, the reader fell behind: it gets what is buffered, then ``FellBehind``, so a
 slow reader holds neither memory nor anyone else up, and each cut-off still moves it forward.
 It resumes after the last event it got, like any reconnecting client (the capped log and the
-reset rule decide what it sees: ``core/events.missed_events``). A resume's backlog (no
-notices: it was logged before) is read a buffer at a time as the reader takes it, never
-counted against it.
+reset rule decide what it sees: ``core/events.missed_events``). So does a follower whose
+session's log expired and began again past its position (``LogBegan``): a log lives
+``event_log_ttl`` from its first event, and the old log's last events may have gone unread.
+A resume's backlog (no notices: it was logged before) is read a buffer at a time as the
+reader takes it, never counted against it.
 
 Bytes are also bounded across the process: the buffers of all followers of one feed hold at
 most ``max_buffered_bytes``. Past it the feed sheds the followers holding the most (those whose
@@ -56,6 +58,12 @@ class StreamEnded(Exception):
 
 class FellBehind(StreamEnded):
     """The reader left more than ``max_behind`` events unread: its stream ends."""
+
+
+class LogBegan(StreamEnded):
+    """The session's log expired (it lives ``event_log_ttl`` from its first event) and began
+    again past the reader's position: the old log's last events may have gone unread, so the
+    stream ends, and a resume from that position gets a reset (``missed_events``)."""
 
 
 MIB = 1024 * 1024
@@ -319,6 +327,10 @@ class Follower:
                 failures = 0
                 if self._dropped:
                     return  # shed while it read: its reader only gets the failure now
+                # One log's events, oldest first: its first event can only be rows[0].
+                if rows and _began_after(rows[0], self.position):
+                    self.end(LogBegan("the session's event log expired and began again"))
+                    return
                 if rows:
                     self.position = rows[-1][0]
                     added = 0
@@ -404,6 +416,17 @@ class Follower:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _began_after(event: Event, position: str) -> bool:
+    """Whether ``event`` began a log (``emit`` in ``lua/lib.lua`` marks a log's first event)
+    while the reader stood in an earlier one. A ``0-<t>`` position (no log when the reader
+    read the queue) is before any log: nothing of an earlier one can be missing."""
+    if event[1].get("began") != "1":
+        return False
+    with contextlib.suppress(ValueError):
+        return parse_event_id(position)[0] != 0
+    return True
 
 
 def _is_after(a: str, b: str) -> bool:

@@ -18,6 +18,7 @@ from ..core.errors import (
     SessionBusy,
     StorageFull,
     WorkspaceFull,
+    WorkspaceLogsFull,
 )
 from ..core.events import EventLogState
 from .memory import Memory
@@ -55,6 +56,7 @@ class Accept(enum.Enum):
     FULL = "full"  # the session holds cap entries
     WORKSPACE_FULL = "workspace_full"  # the workspace holds workspace_cap entries
     STORAGE_FULL = "storage_full"  # the node's memory is at the accept ceiling
+    LOGS_FULL = "logs_full"  # the workspace's logs took workspace_log_bytes lately
 
 
 class Confirm(enum.Enum):
@@ -77,26 +79,47 @@ class Confirmation:
 
 
 @dataclass(frozen=True, slots=True)
+class LogsFull:
+    """A ``logs_full`` reply (accept.lua, edit.lua): the bytes the workspace's logs took in
+    this window and the one before, and the ms until a window boundary brings them under
+    the bound."""
+
+    used: int
+    clears_in_ms: int
+
+    @classmethod
+    def of(cls, payload: list[Any]) -> LogsFull:
+        return cls(int(payload[0]), int(payload[1]))
+
+    def refusal(self, limit: int) -> WorkspaceLogsFull:
+        return WorkspaceLogsFull(self.used, limit, max(self.clears_in_ms, 0) / 1000)
+
+
+@dataclass(frozen=True, slots=True)
 class Accepted:
     """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE or a
     REUSED key; ``confirmation`` what the durability wait saw (None when none was asked, or
     a refusal); ``in_flight`` the entry being delivered when an ``interrupt`` accept
-    landed ('' if none); ``memory`` the node's reading that refused a STORAGE_FULL."""
+    landed ('' if none); ``memory`` the node's reading that refused a STORAGE_FULL; ``logs``
+    what refused a LOGS_FULL."""
 
     outcome: Accept
     accepted_id: str = ""
     confirmation: Confirmation | None = None
     in_flight: str = ""
     memory: Memory | None = None
+    logs: LogsFull | None = None
 
-    def refusal(self, cap: int, workspace_cap: int) -> Exception | None:
+    def refusal(self, cap: int, workspace_cap: int, log_bytes: int) -> Exception | None:
         """The library's exception for a refused accept (None for OK and DUPLICATE): the
-        session's ``cap``, the workspace's ``workspace_cap``, the memory ceiling, whileBusy
-        reject, a reused key. Nothing was written for any of them."""
+        session's ``cap``, the workspace's ``workspace_cap``, its logs' ``log_bytes``, the
+        memory ceiling, whileBusy reject, a reused key. Nothing was written for any of them."""
         if self.outcome is Accept.FULL:
             return OutboxFull(cap)
         if self.outcome is Accept.WORKSPACE_FULL:
             return WorkspaceFull(workspace_cap)
+        if self.logs is not None:
+            return self.logs.refusal(log_bytes)
         if self.outcome is Accept.STORAGE_FULL:
             m = self.memory
             return StorageFull(m.used if m else 0, m.limit if m else 0)
@@ -170,6 +193,7 @@ class Replace(enum.Enum):
     OK = "ok"
     BUSY = "busy"  # another holder owns the session
     LOST = "lost"  # a lock value was given, and nobody holds the lock (the fence)
+    LOGS_FULL = "logs_full"  # a client's retry, as Accept's (a LogsFull payload)
 
 
 class Edited(enum.Enum):
@@ -178,6 +202,7 @@ class Edited(enum.Enum):
     OK = "ok"
     BUSY = "busy"  # a holder has the session
     CHANGED = "changed"  # the exact string read is gone from the queue
+    LOGS_FULL = "logs_full"  # as Accept's (a LogsFull payload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from .replies import (
     Forgot,
     Held,
     Lock,
+    LogsFull,
     Ok,
     Replace,
     Requeue,
@@ -171,11 +172,14 @@ class Store:
         now_ms: int,
         wait: waitaof.WaitAof | None = None,
         while_busy: str = "enqueue",
+        *,
+        log_bytes: int,
     ) -> Accepted:
         """accept.lua: dedupe (key, then payload ``fingerprint``), the memory ceiling (the
         node's cached reading, passed in: STORAGE_FULL), ``while_busy`` (a reject refuses a
         busy session; an interrupt names the entry in flight), the session's ``cap``, the
-        workspace's ``workspace_cap`` (its count's total: O(1)), push, marker, fingerprint;
+        workspace's ``workspace_cap`` (its count's total: O(1)), what its logs may take
+        (``log_bytes``: LOGS_FULL past it, two fields read), push, marker, fingerprint;
         marked due and announced. With ``wait``, then WAITAOF for the accept (or
         a DUPLICATE's first accept, whose marker is written again for it): in the accept's
         own pipeline on a standalone server, as a pair of its own on a cluster. ``now_ms`` is
@@ -188,11 +192,13 @@ class Store:
         waits = int(bool(tail))
         args = [k.ses, entry, entry_id, cap, ttl_ms, waits, fingerprint, while_busy, workspace_cap]
         over = await self.memory.over(k)
-        args += [int(over is not None), now_ms]
+        args += [int(over is not None), now_ms, log_bytes]
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
         if outcome is Accept.STORAGE_FULL:
             return Accepted(outcome, memory=over)
+        if outcome is Accept.LOGS_FULL:
+            return Accepted(outcome, logs=LogsFull.of(rest))
         first = text(rest[0]) if outcome in (Accept.DUPLICATE, Accept.REUSED) else ""
         in_flight = text(rest[0]) if outcome is Accept.OK and rest else ""
         if wait is None or outcome not in (Accept.OK, Accept.DUPLICATE):
@@ -269,22 +275,40 @@ class Store:
         return Counted(outcome, int(rest[0]) if rest else 0)
 
     async def replace(
-        self, k: SessionKeys, lockval: str, now_ms: int, pairs: Sequence[tuple[str, str]]
+        self,
+        k: SessionKeys,
+        lockval: str,
+        now_ms: int,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        log_bytes: int = 0,
     ) -> Counted[Replace]:
         """Compare-and-swap whole entry strings; a new '' removes (replace.lua). Without a
         lock (``lockval`` '', an operator's edit) the change may make work due at once, so it
-        is marked due and announced like an accept."""
-        args = [k.ses, lockval, now_ms, *(s for pair in pairs for s in pair)]
+        is marked due and announced like an accept. ``log_bytes`` > 0 (a client's retry):
+        raises ``WorkspaceLogsFull``, nothing written, while the workspace's logs took that
+        many bytes lately."""
+        args = [k.ses, lockval, now_ms, log_bytes, *(s for pair in pairs for s in pair)]
         if lockval:
             reply = await self._run("replace", k.script_keys(), args)
         else:
             reply, _ = await self._marked_eval(k.ws, now_ms, "replace", k.script_keys(), args)
         outcome, rest = parse(Replace, reply)
+        if outcome is Replace.LOGS_FULL:
+            raise LogsFull.of(rest).refusal(log_bytes)
         return Counted(outcome, int(rest[0]) if rest else 0)
 
-    async def edit(self, k: SessionKeys, old: str, new: str, entry_id: str) -> Edited:
-        """Swap a pending or error entry's string for its edited one (edit.lua)."""
-        return parse(Edited, await self._run("edit", k.script_keys(), [old, new, entry_id]))[0]
+    async def edit(
+        self, k: SessionKeys, old: str, new: str, entry_id: str, *, log_bytes: int
+    ) -> Edited:
+        """Swap a pending or error entry's string for its edited one (edit.lua), unless the
+        workspace's logs took ``log_bytes`` lately: then raises ``WorkspaceLogsFull``, nothing
+        written (an edit logs the whole entry again, as an accept does)."""
+        args = [old, new, entry_id, log_bytes]
+        word, rest = parse(Edited, await self._run("edit", k.script_keys(), args))
+        if word is Edited.LOGS_FULL:
+            raise LogsFull.of(rest).refusal(log_bytes)
+        return word
 
     async def renew(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
         """Extend the caller's lease; False once it is lost (renew.lua)."""

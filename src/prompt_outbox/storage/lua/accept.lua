@@ -1,15 +1,16 @@
 --[[
   Accept a prompt: dedupe first, then the memory ceiling, then the caps (the session's, then
-  the workspace's), then push, and only THEN the dedupe marker (a marker without its entry would turn every client
-  retry into a false duplicate) and the payload's fingerprint beside it (a marker without one,
-  as written before fingerprints, makes a duplicate whatever the payload). The workspace's
-  count and tally move with the push (index_pushed, tally_pushed), in O(1).
+  the workspace's entries, then its logs' bytes), then push, and only THEN the dedupe marker
+  (a marker without its entry would turn every client retry into a false duplicate) and the
+  payload's fingerprint beside it (a marker without one, as written before fingerprints,
+  makes a duplicate whatever the payload). The workspace's count and tally move with the push
+  (index_pushed, tally_pushed), in O(1).
 
   Input:
-    KEYS[1..9] session keys (queue, staging, lock, ready, sessions, errors, events, count,
-               oldest)
-    KEYS[10]   dedupe marker outboxdedupe:{ws}:{ses}:<cmid>
-    KEYS[11]   payload fingerprint outboxdedupefp:{ws}:{ses}:<cmid>
+    KEYS[1..10] session keys (queue, staging, lock, ready, sessions, errors, events, count,
+                oldest, log bytes)
+    KEYS[11]   dedupe marker outboxdedupe:{ws}:{ses}:<cmid>
+    KEYS[12]   payload fingerprint outboxdedupefp:{ws}:{ses}:<cmid>
     ARGV[1]    session ID
     ARGV[2]    entry JSON (status pending)
     ARGV[3]    entry ID
@@ -28,6 +29,9 @@
     ARGV[10]   1: the node's memory is at the accept ceiling (storage/memory.py read it):
                refuse; 0: go on
     ARGV[11]   the entry's acceptedAt, ms (the tally's oldest pending, without decoding it)
+    ARGV[12]   workspace log bytes: what the workspace's event logs may take in this window
+               of the log TTL and the one before (KEYS[10], kept by emit) before its accepts
+               stop
 
   Output:
     {'ok'[, staged id]}    pushed, marker set; for 'interrupt', the ID of the entry being
@@ -43,17 +47,20 @@
                            queue); nothing written
     {'full', n}            the session holds n >= cap entries; nothing written
     {'workspace_full', n}  the workspace holds n >= ARGV[9] entries; nothing written
+    {'logs_full', n, ms}   the workspace's logs took n >= ARGV[12] bytes in this window and the
+                           one before; ms until a window boundary brings them under it;
+                           nothing written
     Every answer but 'ok' also returns true second: no work became due sooner.
 
   Events: accepted.
 ]]
 local ses, entry, id = ARGV[1], ARGV[2], ARGV[3]
 local cap, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
-local prev = redis.call('GET', KEYS[10])
+local prev = redis.call('GET', KEYS[11])
 if prev then
-  local first = redis.call('GET', KEYS[11])
+  local first = redis.call('GET', KEYS[12])
   if first and first ~= ARGV[7] then return {'reused', prev}, true end
-  if ARGV[6] == '1' then redis.call('SET', KEYS[10], prev, 'KEEPTTL') end
+  if ARGV[6] == '1' then redis.call('SET', KEYS[11], prev, 'KEEPTTL') end
   return {'duplicate', prev}, true
 end
 -- After the dedupe: a retry of an accept that was taken is its duplicate, full or busy or not.
@@ -66,10 +73,13 @@ if n >= cap then return {'full', n}, true end
 -- O(1): the count's total field, kept by index() in every session script (lib.lua).
 local total = tonumber(redis.call('HGET', KEYS[COUNT], COUNT_TOTAL) or '0')
 if total >= tonumber(ARGV[9]) then return {'workspace_full', total}, true end
+-- O(1) too: two fields of the log bytes' HASH (lib.lua logs_full).
+local logged, clears_in = logs_full(KEYS, tonumber(ARGV[12]))
+if logged then return {'logs_full', logged, clears_in}, true end
 redis.call('RPUSH', KEYS[Q], entry)
 emit(KEYS, 'accepted', id, entry)
-redis.call('SET', KEYS[10], id, 'PX', ttl)
-redis.call('SET', KEYS[11], ARGV[7], 'PX', ttl)
+redis.call('SET', KEYS[11], id, 'PX', ttl)
+redis.call('SET', KEYS[12], ARGV[7], 'PX', ttl)
 tally().pushed(KEYS, ses, n, tonumber(ARGV[11]))
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.
 local readied = index_pushed(KEYS, ses, n, 0)

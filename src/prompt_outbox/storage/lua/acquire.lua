@@ -2,7 +2,7 @@
   Acquire: take the session lock (re-entrant for its holder) and say what is to be done.
 
   Input:
-    KEYS[1..9] session keys
+    KEYS[1..10] session keys
     ARGV[1]    session ID
     ARGV[2]    lock value (the caller's token)
     ARGV[3]    lease, ms

@@ -14,10 +14,10 @@
   pending one makes the queue's next pending entry the oldest.
 
   Input:
-    KEYS[1..9] session keys
-    KEYS[10]   claim marker outboxclaim:{ws}:{ses}:<id>
-    KEYS[11]   owed OnDelivered calls (HASH)
-    KEYS[12]   their due times (ZSET)
+    KEYS[1..10] session keys
+    KEYS[11]   claim marker outboxclaim:{ws}:{ses}:<id>
+    KEYS[12]   owed OnDelivered calls (HASH)
+    KEYS[13]   their due times (ZSET)
     ARGV[1]    session ID
     ARGV[2]    entry ID
     ARGV[3]    lock value
@@ -41,7 +41,7 @@
 ]]
 local ses, id, lockval, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local entry, grace, lease = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local mine = redis.call('GET', KEYS[10]) == lockval
+local mine = redis.call('GET', KEYS[11]) == lockval
 local refused = fence(KEYS, lockval)
 if refused then
   -- Our earlier call may have claimed it (its reply lost, our lease lapsed since): still ours.
@@ -60,10 +60,10 @@ local from_q, error_q, gone_q = remove_id(KEYS[Q], id, true)
 if from_d + from_q == 0 then from_q, error_q, gone_q = remove_id(KEYS[Q], id, false) end
 local removed = from_d + from_q
 if removed > 0 then
-  redis.call('SET', KEYS[10], lockval, 'PX', ARGV[5])
+  redis.call('SET', KEYS[11], lockval, 'PX', ARGV[5])
   if grace > 0 then
-    redis.call('HSET', KEYS[11], ses .. ':' .. id, entry)
-    redis.call('ZADD', KEYS[12], now + grace, ses .. ':' .. id)
+    redis.call('HSET', KEYS[12], ses .. ':' .. id, entry)
+    redis.call('ZADD', KEYS[13], now + grace, ses .. ':' .. id)
   end
   emit(KEYS, 'sent', id, '')
 end

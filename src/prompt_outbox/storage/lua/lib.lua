@@ -3,8 +3,9 @@
   EVENTS_MAXLEN, EVENTS_TTL_MS, COUNT_TOTAL, COUNT_SEP and STATUSES it defines). Not a
   transition itself.
 
-  Session scripts take the same first nine KEYS (core/keys.py SessionKeys.script_keys), named
-  by the constants below: queue, staging, lock, ready, sessions, errors, events, count, oldest.
+  Session scripts take the same first ten KEYS (core/keys.py SessionKeys.script_keys), named
+  by the constants below: queue, staging, lock, ready, sessions, errors, events, count, oldest,
+  log bytes.
 
   Reply convention, for every script: a table whose first element is a status word, then its
   payload. The words: ok, busy (ANOTHER holder owns the session), lost (this caller's lock is
@@ -17,7 +18,8 @@
   decode them only to read id, status, acceptedAt, lastAttemptAt and nextAttemptAt.
 ]]
 
-local Q, D, L, READY, SESSIONS, ERRORS, EVENTS, COUNT, OLDEST = 1, 2, 3, 4, 5, 6, 7, 8, 9
+local Q, D, L, READY, SESSIONS, ERRORS, EVENTS, COUNT, OLDEST, LOGBYTES =
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 
 -- RFC 3339 -> epoch milliseconds; '' or missing means "due now" (0). Days-from-civil arithmetic.
 local function parse_ms(s)
@@ -151,17 +153,83 @@ local function insert_in_place(queue, raw)
   return redis.call('RPUSH', queue, raw)
 end
 
+--[[ The workspace's log bytes (K[LOGBYTES], a HASH): window -> the bytes its sessions' logs
+  took in that window of EVENTS_TTL_MS (window = the server's ms // EVENTS_TTL_MS). A log lives
+  at most EVENTS_TTL_MS from its first event (emit), so every byte the workspace's logs hold
+  was logged in the current window or the one before: their sum bounds what the logs hold, and
+  accept.lua, edit.lua and a client's retry (replace.lua) refuse past
+  Tunables.workspace_log_bytes (logs_full), in O(1).
+  docs/design.md, "What one tenant may store". ]]
+
+-- The server's time (ms) and its window, read once per script call (TIME: a script's own
+-- clock, the one the logs' expiry runs on, whatever the caller's).
+local clock_ms, clock_window
+local function log_clock()
+  if not clock_ms then
+    local t = redis.call('TIME')
+    clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    clock_window = math.floor(clock_ms / EVENTS_TTL_MS)
+  end
+  return clock_ms, clock_window
+end
+
+-- Count n bytes logged now. The window's first event for the workspace also drops the
+-- windows no check reads any more (the HASH never holds more than three), and lets the key
+-- expire when its newest window stops counting.
+local function log_spent(K, n)
+  local _, w = log_clock()
+  if redis.call('HINCRBY', K[LOGBYTES], string.format('%d', w), n) ~= n then return end
+  local newest = w
+  for _, field in ipairs(redis.call('HKEYS', K[LOGBYTES])) do
+    local fw = tonumber(field)
+    if fw == nil or fw < w - 1 then
+      redis.call('HDEL', K[LOGBYTES], field)
+    elseif fw > newest then
+      newest = fw
+    end
+  end
+  redis.call('PEXPIREAT', K[LOGBYTES], string.format('%d', (newest + 2) * EVENTS_TTL_MS))
+end
+
+-- nil while the workspace's logs took less than `limit` bytes in this window and the one
+-- before; else those bytes and the ms until a window boundary brings them under it (the
+-- previous window drops out at the next one; one more when this window alone is at it).
+local function logs_full(K, limit)
+  local now, w = log_clock()
+  local got = redis.call('HMGET', K[LOGBYTES], string.format('%d', w), string.format('%d', w - 1))
+  local current = tonumber(got[1]) or 0
+  local used = current + (tonumber(got[2]) or 0)
+  if used < limit then return nil end
+  local edge = (w + 1) * EVENTS_TTL_MS
+  if current >= limit then edge = edge + EVENTS_TTL_MS end
+  return used, edge - now
+end
+
 -- Append to the session's event log in the same script as the change it reports, so a
 -- reader never sees a change without its event, or an event without its change. kind is
 -- 'accepted', 'sent', 'dismissed' or the entry's new status; raw is its new JSON ('' if gone).
+-- The log expires EVENTS_TTL_MS after its FIRST event, never pushed back by later ones, so
+-- what it holds was logged within that long (the log bytes' bound rests on it). The first
+-- event of a log carries began=1: a follower whose position lies in an earlier log (expired
+-- since) may have missed its last events, and ends (storage/feed.py).
 -- Then announce the new event's ID on the shard channel named like the log's key (it hashes
 -- to the same {ws} slot, so a cluster allows it here): the processes following the session
 -- (storage/feed.py) read it then, instead of each holding a connection blocked in XREAD.
 -- The announcement is only a hint: a follower that misses one still finds the event in the log.
+local EVENT_FIELD_BYTES, BEGAN_BYTES = 11, 6 -- 'kind', 'id', 'entry'; 'began' and '1'
 local function emit(K, kind, id, raw)
-  local event_id = redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*',
-    'kind', kind, 'id', id, 'entry', raw)
-  redis.call('PEXPIRE', K[EVENTS], EVENTS_TTL_MS)
+  local event_id
+  local size = EVENT_FIELD_BYTES + #kind + #id + #raw
+  if redis.call('EXISTS', K[EVENTS]) == 0 then
+    event_id = redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*',
+      'kind', kind, 'id', id, 'entry', raw, 'began', '1')
+    redis.call('PEXPIRE', K[EVENTS], EVENTS_TTL_MS)
+    size = size + BEGAN_BYTES
+  else
+    event_id = redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*',
+      'kind', kind, 'id', id, 'entry', raw)
+  end
+  log_spent(K, size + #event_id)
   redis.call('SPUBLISH', K[EVENTS], event_id)
 end
 

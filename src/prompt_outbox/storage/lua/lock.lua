@@ -2,7 +2,7 @@
   Lock: take the session lock for an operator pass (the ledger sweep) if nobody else holds it.
 
   Input:
-    KEYS[1..9] session keys
+    KEYS[1..10] session keys
     ARGV[1]    session ID
     ARGV[2]    lock value
     ARGV[3]    lease, ms

@@ -2,7 +2,7 @@
   Release: compare-and-delete the lock (only its holder may), then re-derive the indexes.
 
   Input:
-    KEYS[1..9] session keys
+    KEYS[1..10] session keys
     ARGV[1]    session ID
     ARGV[2]    lock value
     ARGV[3]    now, ms

@@ -2,7 +2,7 @@
   Renew: extend the holder's lease, and the session's ready score with it.
 
   Input:
-    KEYS[1..9] session keys
+    KEYS[1..10] session keys
     ARGV[1]    session ID
     ARGV[2]    lock value
     ARGV[3]    lease, ms

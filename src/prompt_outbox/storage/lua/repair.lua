@@ -2,7 +2,7 @@
   Repair: re-derive one session's workspace indexes from its lists (the slow safety net).
 
   Input:
-    KEYS[1..9] session keys
+    KEYS[1..10] session keys
     ARGV[1]    session ID
     ARGV[2]    now, ms
 

@@ -4,19 +4,24 @@
   ''. Entries are found by value, never by a remembered index, so a concurrent change can only
   make a pair miss (not counted), never hit a neighbour. Refused while another holder owns the
   session: contention is reported as busy, never as absence. A caller that passes a lock value
-  must hold that lock (fence): a worker whose lease lapsed gets 'lost'.
+  must hold that lock (fence): a worker whose lease lapsed gets 'lost'. A client's retry
+  (ARGV[4]) is refused, as an accept is, while the workspace's logs are at their bound: it
+  re-arms entries for more moves, each logging the whole entry.
 
   Input:
-    KEYS[1..9] session keys
+    KEYS[1..10] session keys
     ARGV[1]    session ID
     ARGV[2]    lock value ('' for an operator that holds no lock)
     ARGV[3]    now, ms
-    ARGV[4..]  old_1, new_1, old_2, new_2, ... (new '' removes old)
+    ARGV[4]    workspace log bytes (as accept.lua's ARGV[12]), or 0: no such bound (every
+               move but a client's retry)
+    ARGV[5..]  old_1, new_1, old_2, new_2, ... (new '' removes old)
 
   Output:
     {'ok', n}  n pairs applied (a pair whose old string is gone is skipped)
     {'busy'}   another holder owns the session; nothing written
     {'lost'}   a lock value was given and nobody holds the lock; nothing written
+    {'logs_full', n, ms}  ARGV[4] > 0, as accept.lua's; nothing written
 
   Events: the new status per swapped entry; dismissed per removed one.
 ]]
@@ -27,8 +32,13 @@ else
   local refused = fence(KEYS, lockval)
   if refused then return {refused} end
 end
+local bound = tonumber(ARGV[4])
+if bound > 0 then
+  local logged, clears_in = logs_full(KEYS, bound)
+  if logged then return {'logs_full', logged, clears_in} end
+end
 local done = 0
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local old, new = ARGV[i], ARGV[i + 1]
   local list = KEYS[Q]
   local idx = redis.call('LPOS', list, old)

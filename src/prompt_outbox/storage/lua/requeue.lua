@@ -5,7 +5,7 @@
   replaced in place, never added twice. Then staging goes.
 
   Input:
-    KEYS[1..9]     session keys
+    KEYS[1..10]    session keys
     ARGV[1]        session ID
     ARGV[2]        lock value
     ARGV[3]        now, ms

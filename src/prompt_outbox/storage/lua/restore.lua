@@ -4,7 +4,7 @@
   keeps one, by ID).
 
   Input:
-    KEYS[1..9] session keys
+    KEYS[1..10] session keys
     ARGV[1]    session ID
     ARGV[2]    lock value
     ARGV[3]    the staged copy, exactly as in staging

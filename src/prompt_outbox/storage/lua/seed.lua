@@ -3,7 +3,7 @@
   For test harnesses; the caller has checked that the string decodes as an entry.
 
   Input:
-    KEYS[1..9] session keys
+    KEYS[1..10] session keys
     ARGV[1]    session ID
     ARGV[2]    entry JSON
     ARGV[3]    now, ms

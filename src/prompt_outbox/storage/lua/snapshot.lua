@@ -4,7 +4,7 @@
   of events ever added (their difference is what the cap trimmed); and the server time (ms).
 
   Input:
-    KEYS[1..9] session keys
+    KEYS[1..10] session keys
 
   Output:
     {'ok', queue, staging, lock value ('' if free), lock PTTL ms,

@@ -11,9 +11,9 @@
   the hook ran, and forgetting is idempotent.
 
   Input:
-    KEYS[1..9] session keys
-    KEYS[10]   owed OnDelivered calls (HASH)
-    KEYS[11]   their due times (ZSET)
+    KEYS[1..10] session keys
+    KEYS[11]   owed OnDelivered calls (HASH)
+    KEYS[12]   their due times (ZSET)
     ARGV[1]    session ID
     ARGV[2]    lock value
     ARGV[3]    the entry as it stands in the queue
@@ -29,8 +29,8 @@
 ]]
 local ses, lockval, original, staged, ran = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if ran ~= '' then
-  redis.call('ZREM', KEYS[11], ran)
-  redis.call('HDEL', KEYS[10], ran)
+  redis.call('ZREM', KEYS[12], ran)
+  redis.call('HDEL', KEYS[11], ran)
 end
 if not holds(KEYS, lockval) then return {'lost'} end
 if not redis.call('LPOS', KEYS[Q], original) then return {'gone'} end
