@@ -111,6 +111,27 @@ async def test_an_accept_and_dismiss_loop_stops_at_the_bound_though_few_entries_
     await outbox.accept("other", "s1", "u", "c1", TEXT)
 
 
+async def test_a_log_per_session_counts_what_each_new_log_takes_not_only_its_event(
+    client: Client, clock: ManualClock
+) -> None:
+    # A new stream costs Valkey about 4 KiB (its first node) however small its event: one
+    # tiny accept into each of many new sessions, dismissed, is counted at that.
+    outbox = Outbox(client, TIGHT, clock=clock)
+    for n in range(100):
+        try:
+            entry = await outbox.accept(WS, f"s{n}", "u", "c", "x")
+        except WorkspaceLogsFull:
+            break
+        await outbox.dismiss(WS, f"s{n}", entry.id)
+    else:
+        raise AssertionError("100 new logs were never refused at a 40 kB bound")
+    memory = 0
+    for i in range(n):
+        memory += int(await client.memory_usage(SessionKeys(WS, f"s{i}").events) or 0)
+    assert await logged_bytes(client) >= memory  # the count covers what the logs hold
+    assert n <= LIMIT // 2000  # ~4 kB a log: a count of the events alone let in ~90
+
+
 async def test_a_clients_retries_stop_at_the_bound_with_nothing_written_dismissals_go_on(
     client: Client, clock: ManualClock
 ) -> None:

@@ -216,20 +216,24 @@ end
 -- to the same {ws} slot, so a cluster allows it here): the processes following the session
 -- (storage/feed.py) read it then, instead of each holding a connection blocked in XREAD.
 -- The announcement is only a hint: a follower that misses one still finds the event in the log.
-local EVENT_FIELD_BYTES, BEGAN_BYTES = 11, 6 -- 'kind', 'id', 'entry'; 'began' and '1'
+-- An event costs what it carries: its ID, its field names ('kind', 'id', 'entry': 11 bytes)
+-- and values. A log's first event costs the new log whole (MEMORY USAGE: Valkey gives a new
+-- stream its first node at stream-node-max-bytes, 4 KiB by default, whatever the event), so
+-- a log per session with one small event each is counted at what it holds, not a tenth.
+local EVENT_FIELD_BYTES = 11
 local function emit(K, kind, id, raw)
-  local event_id
-  local size = EVENT_FIELD_BYTES + #kind + #id + #raw
+  local event_id, size
   if redis.call('EXISTS', K[EVENTS]) == 0 then
     event_id = redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*',
       'kind', kind, 'id', id, 'entry', raw, 'began', '1')
     redis.call('PEXPIRE', K[EVENTS], EVENTS_TTL_MS)
-    size = size + BEGAN_BYTES
+    size = redis.call('MEMORY', 'USAGE', K[EVENTS])
   else
     event_id = redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*',
       'kind', kind, 'id', id, 'entry', raw)
+    size = #event_id + EVENT_FIELD_BYTES + #kind + #id + #raw
   end
-  log_spent(K, size + #event_id)
+  log_spent(K, size)
   redis.call('SPUBLISH', K[EVENTS], event_id)
 end
 
