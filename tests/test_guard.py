@@ -443,6 +443,91 @@ def test_a_chunked_body_is_cut_once_its_count_passes_the_limit(real: int) -> Non
     assert answer["closed"] and sent < 16 * 1024 * 1024
 
 
+# -- a header sent twice (red-team note): the guard read the last, the routes the first -------
+
+ONCE = ["Host", "Origin", "Content-Type", "Content-Length", "Transfer-Encoding"]
+ONCE += ["Authorization", "Idempotency-Key"]
+
+
+@pytest.mark.parametrize("tokens", [TOKENS, NO_AUTH], ids=["auth", "no-auth"])
+async def test_a_header_the_guard_or_a_route_reads_may_not_come_twice(
+    asgi: Client, outbox: Outbox, tokens: TokenTable
+) -> None:
+    usual = {
+        "host": "127.0.0.1:8080",
+        "origin": "http://127.0.0.1:8080",
+        "content-type": "application/json",
+        "content-length": str(len(PROMPT)),
+        "authorization": ALICE["Authorization"],
+        "idempotency-key": "m1",
+    }
+    # The red team's request: evil first (what the routes read), loopback last (what the
+    # guard read), with auth off; the same shape for every header both sides read.
+    evil = {"host": "rebind.evil.example", "origin": "https://evil.example"}
+    async with asgi(tokens) as http:
+        for name in ONCE:
+            key = name.lower()
+            first = evil.get(key, "chunked" if key == "transfer-encoding" else usual.get(key))
+            second = usual.get(key, "chunked")
+            headers = [(k, v) for k, v in usual.items() if k != key]
+            headers += [(key, str(first)), (key, second)]
+            request = http.build_request("POST", URL, content=PROMPT)
+            request.headers = httpx.Headers(headers)
+            r = await http.send(request)
+            assert (r.status_code, r.json()["error"]) == (400, "duplicate_header"), name
+            assert key in r.json()["detail"] and r.headers["connection"] == "close"
+        # Once each, the same request is taken.
+        request = http.build_request("POST", URL, content=PROMPT)
+        request.headers = httpx.Headers(list(usual.items()))
+        assert (await http.send(request)).status_code == 202
+    assert len(await outbox.list("acme", "chat-1")) == 1
+
+
+def test_a_repeated_header_is_refused_on_both_http_stacks(
+    real: int, request: pytest.FixtureRequest
+) -> None:
+    head = [f"POST {URL} HTTP/1.1", "Host: 127.0.0.1", "Authorization: Bearer alice-token"]
+    head += ["Content-Type: application/json", f"Content-Length: {len(PROMPT)}"]
+    extra = [
+        ("Host", "rebind.evil.example"),
+        ("Origin", "https://evil.example"),
+        ("Content-Type", "text/plain"),
+        ("Content-Length", "5"),
+        ("Content-Length", str(len(PROMPT))),
+        ("Transfer-Encoding", "chunked"),
+        ("Authorization", "Bearer bob-token"),
+        ("Idempotency-Key", "m1"),
+    ]
+    got = []
+    for n, (name, value) in enumerate(extra):
+        lines = [*head, f"{name}: {value}"]
+        body = PROMPT.replace(b'"m1"', b'"r%d"' % n)
+        if name in ("Origin", "Idempotency-Key", "Transfer-Encoding"):  # not in the head yet
+            lines.append(f"{name}: {value}")
+        if name == "Transfer-Encoding":  # twice, in place of the Content-Length
+            lines.remove(f"Content-Length: {len(PROMPT)}")
+            body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        answer, _ = exchange(real, raw)
+        got.append((name, answer["status"], (answer["json"] or {}).get("error")))
+    # The parsers differ: httptools passes every repeated name on, as it came, but two
+    # Content-Lengths or Transfer-Encodings; h11 refuses a second Host itself, and folds two
+    # equal Content-Lengths into one (RFC 9112 allows it: nothing is ambiguous), which is
+    # then taken. Either way no request reaches a route with two values of one of these.
+    ours, parsers = (400, "duplicate_header"), (400, "bad_request")
+    h11 = request.node.callspec.params["real"] == "h11"
+    assert got == [
+        ("Host", *(parsers if h11 else ours)),
+        ("Origin", *ours),
+        ("Content-Type", *ours),
+        ("Content-Length", *parsers),
+        ("Content-Length", *((202, None) if h11 else parsers)),
+        ("Transfer-Encoding", *parsers),
+        ("Authorization", *ours),
+        ("Idempotency-Key", *ours),
+    ]
+
+
 # -- finding 1 on the real stack --------------------------------------------------------------
 
 

@@ -67,7 +67,8 @@ ERROR_WHY = {
     "a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, "
     "Infinity or a number past a double's range); "
     "for an accept, an Idempotency-Key that is not a key, or one that differs from "
-    "clientMessageID",
+    "clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, "
+    "Transfer-Encoding, Authorization or Idempotency-Key sent twice",
     401: "no valid bearer token",
     403: "the token may not use this workspace (or the route needs an admin token); with auth "
     "off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that "

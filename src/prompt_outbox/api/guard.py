@@ -5,6 +5,12 @@
 and refuses, in this order, with the JSON error shape of ``errors`` and ``Connection: close``
 (the rest of a refused body is never read):
 
+0. A head that repeats ``Host``, ``Origin``, ``Content-Type``, ``Content-Length``,
+   ``Transfer-Encoding``, ``Authorization`` or ``Idempotency-Key``: 400 ``duplicate_header``,
+   before anything else. The checks below would read one copy and the routes (Starlette's
+   ``request.headers``) another: two Hosts, say, evil first and loopback last, passed the
+   host check and reached the routes as evil (red-team note). RFC 9110 allows none of these
+   twice (a Host twice is a 400 by RFC 9112).
 1. In no-auth mode (a disabled ``TokenTable``: ``serve --no-auth``), a ``Host`` that is not
    loopback (``localhost``, 127/8, ``[::1]``, any port): 403 ``host_not_allowed``. This is
    what stops DNS rebinding, where a web page's own name resolves to 127.0.0.1.
@@ -104,18 +110,17 @@ class RequestGuard:
         if scope["type"] != "http":  # lifespan (serve has no websocket library)
             await self.app(scope, receive, send)
             return
-        host = origin = content_type = length = chunked = None
+        heads: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:
-            if name == b"content-length":
-                length = value
-            elif name == b"content-type":
-                content_type = value
-            elif name == b"transfer-encoding":
-                chunked = value
-            elif name == b"host":
-                host = value
-            elif name == b"origin":
-                origin = value
+            if name in _ONCE:
+                if name in heads:
+                    detail = f"the {name.decode()} header is repeated: send it once"
+                    await _refuse(scope, receive, send, 400, "duplicate_header", detail)
+                    return
+                heads[name] = value
+        host, origin = heads.get(b"host"), heads.get(b"origin")
+        content_type, length = heads.get(b"content-type"), heads.get(b"content-length")
+        chunked = heads.get(b"transfer-encoding")
         if self.loopback_only:
             if host is None or not is_loopback_authority(host.decode("latin-1")):
                 await _refuse(scope, receive, send, 403, "host_not_allowed", _HOST)
@@ -179,6 +184,18 @@ class RequestGuard:
         await self.app(scope, replay, send)
 
 
+_ONCE = frozenset(
+    (
+        b"host",
+        b"origin",
+        b"content-type",
+        b"content-length",
+        b"transfer-encoding",
+        b"authorization",
+        b"idempotency-key",
+    )
+)
+"""The headers a request may carry once (uvicorn gives names in lower case)."""
 _HOST = "this server runs without auth (--no-auth): it answers loopback names only"
 _ORIGIN_WHY = (
     "this server runs without auth (--no-auth): pages of other origins may not call it "
