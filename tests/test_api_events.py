@@ -16,7 +16,8 @@ import pytest
 
 from prompt_outbox import Entry, FeedLimits, Outbox
 from prompt_outbox.api import StreamLimits
-from prompt_outbox.api.sse import CHUNK, Item, event_stream, format_item, message
+from prompt_outbox.api.answers import MAX_PIECE_BYTES
+from prompt_outbox.api.sse import Item, event_stream, format_item, message
 from prompt_outbox.core.events import QueueReset
 from prompt_outbox.storage.client import Client
 from tests.agents import ScriptedAgent
@@ -316,10 +317,11 @@ async def _messages(sse: SpecSse) -> AsyncIterator[dict[str, Any]]:
 async def test_a_large_message_goes_to_the_server_in_pieces() -> None:
     """A queue.reset of 25 prompts near the text limit is over 2 MB: handed to the server in
     one piece, it would sit whole in uvicorn's transport buffer for a client that does not
-    read (flow control only stops the next send); in pieces, at most 64 KiB + one wait."""
+    read (flow control only stops the next send); in pieces, at most one piece + one wait."""
     now = datetime.now(UTC)
     entries = [Entry(f"e{n}", f"c{n}", "u", "x" * 90_000, now) for n in range(25)]
     reset = QueueReset("5-0", entries)
+    whole = format_item(reset)
 
     async def nothing_more() -> AsyncIterator[Item]:
         return
@@ -329,9 +331,10 @@ async def test_a_large_message_goes_to_the_server_in_pieces() -> None:
         return False
 
     chunks = [c async for c in event_stream(reset, nothing_more(), connected)]
-    assert max(len(c) for c in chunks) <= CHUNK
-    assert len(chunks) > 2_000_000 // CHUNK
-    assert "".join(chunks[1:]) == format_item(reset)
+    assert max(len(c) for c in chunks) <= MAX_PIECE_BYTES
+    assert len(chunks) > 2_000_000 // MAX_PIECE_BYTES
+    assert b"".join(c for c in chunks[1:] if isinstance(c, bytes)).decode() == whole
+    assert reset.entries == []  # taken out as they were written
 
 
 def test_an_id_or_event_name_can_never_hold_a_line_break() -> None:
@@ -342,10 +345,12 @@ def test_an_id_or_event_name_can_never_hold_a_line_break() -> None:
 
 
 async def test_a_stream_holds_its_reset_only_while_it_is_sent() -> None:
-    """A stream lives for hours, and its first message is the whole queue: once sent, the
-    generator keeps neither the reset nor its text (it kept both for the stream's life)."""
+    """A stream lives for hours, and its first message is the whole queue: the generator
+    frees each entry once written, and keeps nothing of the reset once it is sent (it kept
+    the reset and its whole text for the stream's life, red-team hole 1)."""
     now = datetime.now(UTC)
-    reset = QueueReset("5-0", [Entry(f"e{n}", f"c{n}", "u", "x" * 1000, now) for n in range(3)])
+    reset = QueueReset("5-0", [Entry(f"e{n}", f"c{n}", "u", "x" * 9000, now) for n in range(3)])
+    whole = format_item(reset)
 
     async def quiet_forever() -> AsyncIterator[Item]:
         while True:
@@ -356,10 +361,14 @@ async def test_a_stream_holds_its_reset_only_while_it_is_sent() -> None:
 
     stream = event_stream(reset, quiet_forever(), connected)
     try:
-        assert (await anext(stream)).startswith("retry:")
-        assert await anext(stream) == format_item(reset)
+        assert (await anext(stream)).startswith("retry:")  # type: ignore[union-attr]
+        sent = b""
+        while (piece := await anext(stream)) != b"":  # then the wait for the transport
+            assert isinstance(piece, bytes)
+            sent += piece
+        assert sent.decode() == whole and reset.entries == []
         assert await anext(stream) == ": keepalive\n\n"  # suspended again, past the reset
         held = stream.ag_frame.f_locals  # type: ignore[attr-defined]
-        assert (held["first"], held["message"]) == (None, "")
+        assert (held["first"], held["item"], held["hold"]) == (None, None, None)
     finally:
         await stream.aclose()

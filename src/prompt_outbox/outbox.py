@@ -284,13 +284,13 @@ class Outbox:
         k = session_keys(workspace_id, session_id)
         if last_event_id is not None:
             parse_event_id(last_event_id)
-        snap = await self._feed.snapshot(k)  # bounded like the feed's reads: streams open in bursts
+        snaps = [await self._feed.snapshot(k)]  # bounded like the feed's reads (bursts of opens)
         ttl_ms = round(self.tunables.event_log_ttl * 1000)
         position = last_event_id
-        if position is None or missed_events(position, snap.log, ttl_ms):
-            position = snap.log.position()
-            yield QueueReset(position, self._listed(snap))
-        del snap  # the whole queue: a stream lives for hours, and this frame as long
+        if position is None or missed_events(position, snaps[0].log, ttl_ms):
+            position = snaps[0].log.position()
+            yield QueueReset(position, self._listed(snaps.pop()))  # kept by its reader alone
+        snaps.clear()  # the whole queue: dropped before its reset is out (streams live for hours)
         with self._feed.follow(k, position) as follower:
             while True:
                 # One event at a time: what the caller has not taken stays in the follower's

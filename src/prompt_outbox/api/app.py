@@ -15,6 +15,7 @@ from starlette.middleware.cors import CORSMiddleware
 from .. import __version__
 from ..outbox import Outbox
 from . import bulk, health, overview, prompts, tickets, workspaces
+from .answers import AnswerBuffers, AnswerLimits
 from .auth import TokenTable
 from .deadline import Deadline, request_deadline_for
 from .errors import EXCEPTION_HANDLERS
@@ -31,6 +32,7 @@ def create_app(
     tokens: TokenTable,
     *,
     streams: StreamLimits | None = None,
+    answers: AnswerLimits | None = None,
     cors_origins: Sequence[str] = (),
     accept_rate: RateLimit | None = None,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
@@ -38,7 +40,8 @@ def create_app(
     api_docs: bool = False,
 ) -> FastAPI:
     """The API over ``outbox``; ``tokens`` decides who may touch which workspace;
-    ``streams`` bounds the open event streams (per process, per token); ``cors_origins``
+    ``streams`` bounds the open event streams (per process, per token), ``answers`` the bytes
+    answers hold for their clients (per process, per token: ``answers.py``); ``cors_origins``
     are the origins (``https://app.example``) whose pages may call it from a browser;
     ``accept_rate`` bounds the accepts per second of each token (``RateLimit()``'s defaults
     when None; ``RateLimit(0)`` for none); ``count_interval`` is how often, at most, ``/metrics``
@@ -61,6 +64,8 @@ def create_app(
     app.state.outbox = outbox  # the routes reach it through params.get_outbox
     app.state.tokens = tokens  # auth.principal reads it
     app.state.streams = StreamGate(streams or StreamLimits())  # the events route takes a slot
+    # The list and events routes charge what their answers hold.
+    app.state.answers = AnswerBuffers(answers or AnswerLimits(), outbox.metrics)
     app.state.accept_rates = AcceptRates(accept_rate or RateLimit())  # the accept takes one
     app.state.entry_counts = EntryCounts(outbox.count_by_status, count_interval)  # /metrics
     routers = (prompts.router, bulk.router, tickets.router, workspaces.router, overview.router)

@@ -88,12 +88,15 @@ ERROR_WHY = {
     "outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap "
     "entries, nothing written (Retry-After); for an accept, an edit or a retry, "
     "workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, "
-    "nothing written (Retry-After: when that clears)",
+    "nothing written (Retry-After: when that clears); for a list or events, "
+    "answers_buffer_full: the token's answers hold their most bytes unread by its clients "
+    "(Retry-After)",
     503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
     "accept, not_durable: written (its id) but not confirmed at accept_durability in time; "
     "deadline_exceeded: no answer within the request deadline (Retry-After; an accept may "
     "have been written: send it again with the same clientMessageID); storage_full: Valkey's "
-    "memory is near its maxmemory, nothing written (Retry-After)",
+    "memory is near its maxmemory, nothing written (Retry-After); for a list or events, "
+    "answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After)",
 }
 
 # The status of each InvalidInput kind that is not a plain 400.

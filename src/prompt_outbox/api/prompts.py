@@ -16,11 +16,12 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from ..core.callbacks import DismissResult, EditResult, RetryResult
-from ..core.entry import encode_list, raw_object_fields
+from ..core.entry import raw_object_fields
 from ..core.errors import Duplicate
 from ..core.keys import CLIENT_MESSAGE_ID_PATTERN
 from ..core.validate import MAX_TEXT_BYTES, WhileBusy
 from ..outbox import Outbox
+from .answers import AnswersDep, charge, list_body
 from .auth import Caller, Principal
 from .errors import ApiError, errors
 from .limits import AcceptRates
@@ -170,12 +171,18 @@ def _json(status: int, content: dict[str, Any], headers: dict[str, str] | None =
     return Response(json.dumps(content), status, headers, media_type="application/json")
 
 
-@router.get(SESSION + "/prompts", responses={200: {"model": EntryList}, **errors()})
+@router.get(SESSION + "/prompts", responses={200: {"model": EntryList}, **errors(429)})
 async def list_prompts(
-    ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep
+    ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep, answers: AnswersDep
 ) -> Response:
-    """The session's queue in FIFO order (the seed's List, with blockedByInFlight)."""
-    return Response(encode_list(await outbox.list(ws, ses)), media_type="application/json")
+    """The session's queue in FIFO order (the seed's List, with blockedByInFlight). Written
+    an entry at a time under the answer budgets: 429 / 503 ``answers_buffer_full`` (with
+    ``Retry-After``) while this token's (or this replica's) answers hold their most."""
+    purse = answers.purse(caller)
+    purse.admit()  # a caller at its bound costs no read
+    entries = await outbox.list(ws, ses)
+    hold = purse.take(charge(entries))
+    return GatedStream(list_body(entries, hold), hold.close, media_type="application/json")
 
 
 @router.post(SESSION + "/prompts/{entry_id}/retry", responses=errors(404, 409, 429))
@@ -255,6 +262,7 @@ async def session_events(
     caller: StreamCaller,
     outbox: OutboxDep,
     gate: GateDep,
+    answers: AnswersDep,
     last_event_id: Annotated[str | None, Header()] = None,
     lastEventId: Annotated[str | None, Query(description="for clients without headers")] = None,
 ) -> StreamingResponse:
@@ -262,22 +270,33 @@ async def session_events(
     (accepted, delivering, sent, pending, verifying, error, parked, dismissed). Reconnect
     with ``Last-Event-ID`` to resume after the last event seen, with no reset if the
     capped log still holds everything since. 429 / 503 with ``Retry-After`` past the
-    stream limits (per token / per process). Auth: the bearer token, or ``?ticket=`` (a
-    stream ticket, for a browser's EventSource)."""
+    stream limits (per token / per process), or past the answer budgets
+    (``answers_buffer_full``: the reset is charged before the stream starts). Auth: the
+    bearer token, or ``?ticket=`` (a stream ticket, for a browser's EventSource)."""
     resume = last_event_id or lastEventId
+    purse = answers.purse(caller)
+    purse.admit()
     release = gate.enter(caller)
     try:
         # Surrounding whitespace is the transport's, not the ID's (a header value's padding).
         items = outbox.watch(ws, ses, None if resume is None else resume.strip())
         # The first item is read now: a bad resume point (InvalidEventId) is a 400 and a dead
-        # Valkey a 503 here, not a broken stream later.
+        # Valkey a 503 here, not a broken stream later; a reset over the budget a 429 / 503.
         first = await anext(items)
+        hold = None if first is None else purse.take(charge(first))
     except BaseException:
         release()
+        await items.aclose()  # type: ignore[attr-defined]
         raise
+
+    def ended() -> None:  # however it ends, even before its body started
+        release()
+        if hold is not None:
+            hold.close()
+
     return GatedStream(
-        event_stream(first, items, request.is_disconnected),
-        release,
+        event_stream(first, items, request.is_disconnected, purse, hold),
+        ended,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

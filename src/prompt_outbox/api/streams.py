@@ -94,11 +94,12 @@ GateDep = Annotated[StreamGate, Depends(get_gate)]
 
 
 class GatedStream(StreamingResponse):
-    """A StreamingResponse that releases its slot however the response ends: finished,
-    failed, or cancelled by a client that went away (even before the body started)."""
+    """A StreamingResponse that releases its slot (or its hold on the answer budgets,
+    ``answers.py``) however the response ends: finished, failed, or cancelled by a client
+    that went away (even before the body started)."""
 
     def __init__(
-        self, content: AsyncIterable[str], release: Callable[[], None], **kwargs: Any
+        self, content: AsyncIterable[str | bytes], release: Callable[[], None], **kwargs: Any
     ) -> None:
         super().__init__(content, **kwargs)
         self._release = release

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -67,17 +68,24 @@ class EntryDecodeError(ValueError):
 
 
 def encode_entry(e: Entry, *, with_list_fields: bool) -> str:
+    model = "" if e.model is None else f',"model":{e.model}'
+    text = json.dumps(e.text, ensure_ascii=False)
+    return f'{{{_head(e)},"text":{text}{model},{_tail(e, with_list_fields)}}}'
+
+
+def _head(e: Entry) -> str:
+    """The fields before the text (IDs: short)."""
     dump = json.dumps
-    parts = [
-        f'"id":{dump(e.id)}',
-        f'"clientMessageID":{dump(e.client_message_id)}',
-        f'"userID":{dump(e.user_id)}',
-        f'"text":{dump(e.text, ensure_ascii=False)}',
-    ]
-    if e.model is not None:
-        parts.append(f'"model":{e.model}')
-    parts.append(f'"acceptedAt":{dump(format_time(e.accepted_at))}')
-    parts.append(f'"attempts":{e.attempts}')
+    return (
+        f'"id":{dump(e.id)},"clientMessageID":{dump(e.client_message_id)},'
+        f'"userID":{dump(e.user_id)}'
+    )
+
+
+def _tail(e: Entry, with_list_fields: bool) -> str:
+    """The fields after the model (times, counts, a bounded lastError, the status)."""
+    dump = json.dumps
+    parts = [f'"acceptedAt":{dump(format_time(e.accepted_at))}', f'"attempts":{e.attempts}']
     if e.last_attempt_at is not None:
         parts.append(f'"lastAttemptAt":{dump(format_time(e.last_attempt_at))}')
     if e.verify_attempts:
@@ -93,13 +101,53 @@ def encode_entry(e: Entry, *, with_list_fields: bool) -> str:
         parts.append('"blockedByInFlight":true')
     if with_list_fields and e.in_flight_for:
         parts.append(f'"inFlightFor":{round(e.in_flight_for * 1e9)}')
-    return "{" + ",".join(parts) + "}"
+    return ",".join(parts)
+
+
+_escape = json.encoder.encode_basestring  # what json.dumps(s, ensure_ascii=False) does to a str
+
+
+def entry_pieces(e: Entry, *, with_list_fields: bool, size: int) -> Iterator[str]:
+    """``encode_entry``'s JSON in pieces that join to it: the text and the model (the fields
+    a caller makes large) in slices of at most ``size`` characters of their own (a text slice
+    escaped alone: at most 6 x ``size``), so that an answer never holds an entry's JSON whole.
+    JSON escapes a string character by character, so escaped slices join to the escaped
+    text."""
+    yield f'{{{_head(e)},"text":"'
+    for part in _slices(e.text, size):
+        yield _escape(part)[1:-1]
+    yield '"'
+    if e.model is not None:
+        yield ',"model":'
+        yield from _slices(e.model, size)
+    yield f",{_tail(e, with_list_fields)}}}"
+
+
+def _slices(text: str, size: int) -> Iterator[str]:
+    start = 0
+    while start < len(text):
+        end = start + size
+        if text[end - 1 : end] == "\r":  # a CRLF (in a model's whitespace) stays in one piece:
+            end += 1  # a reader splitting each piece into lines (SSE) sees one line break
+        yield text[start:end]
+        start = end
+
+
+def list_pieces(entries: Iterable[Entry], size: int) -> Iterator[str]:
+    """The List JSON, ``{"entries":[...]}``, in pieces (``entry_pieces``), an entry at a time."""
+    yield '{"entries":['
+    for n, entry in enumerate(entries):
+        if n:
+            yield ","
+        yield from entry_pieces(entry, with_list_fields=True, size=size)
+    yield "]}"
 
 
 def encode_list(entries: Iterable[Entry]) -> str:
     """The List JSON, ``{"entries":[...]}``: the API's list answer, SSE's ``queue.reset`` data
-    and ``list --json``. Spliced from ``to_list_json`` so each ``model`` stays byte for byte."""
-    return '{"entries":[' + ",".join(e.to_list_json() for e in entries) + "]}"
+    and ``list --json``. Spliced from the entries' List form so each ``model`` stays byte for
+    byte (what ``list_pieces`` gives, joined)."""
+    return "".join(list_pieces(entries, sys.maxsize))
 
 
 _WS = re.compile(r"[ \t\n\r]*")

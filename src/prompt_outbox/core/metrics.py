@@ -152,6 +152,19 @@ class Metrics:
             "Bytes the event streams' buffers hold, read but not yet taken by their readers.",
             registry=r,
         )
+        self.answer_buffer_bytes = Gauge(
+            "prompt_outbox_answer_buffer_bytes",
+            "Bytes the answers in flight (lists, event-stream messages) hold for their clients, "
+            "not yet taken by the server's transport.",
+            registry=r,
+        )
+        self.answers_refused = Counter(
+            "prompt_outbox_answers_refused",
+            "Answers refused (answers_buffer_full) because the answers in flight hold their "
+            "most, by the bound: token (429) or process (503).",
+            ["bound"],
+            registry=r,
+        )
 
     def render(self, by_status: Mapping[str, int] | None, counted_at: float = 0.0) -> bytes:
         """The text exposition, with the gauge set from a count of the entries taken at
