@@ -37,8 +37,8 @@ from prompt_outbox.cli.heads import (
     FILES_BEYOND_CONNECTIONS,
     MAX_HEAD_BYTES,
     MAX_LINE_BYTES,
-    HeadClock,
 )
+from prompt_outbox.cli.stalls import HeadClock
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 from tests.replication import ReplicatedPair
 from tests.test_api import ALICE, OPS, TOKENS, URL

@@ -30,15 +30,23 @@ The connections one serve holds at once are capped (``Edge.max_connections``): o
 is answered 503 ``too_many_connections`` with ``Retry-After`` and closed as it is accepted,
 before it costs more than its socket, so that slow or idle clients cannot take the process's
 file descriptors (at which point accepts stall for everyone, the health probes included).
+
+Clients that stop reading (issue 22, red-team hole 1). Each connection's transport stops
+the writer (uvicorn's flow control) past ``TRANSPORT_HIGH_WATER`` (16 KiB, set here on every
+connection: asyncio's default is 64), and a connection whose client takes none of what serve
+wrote it for ``Edge.send_timeout`` is aborted, with a reset (``stalls.StallWatch``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import json
 import logging
 import resource
+import socket
+import struct
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -49,7 +57,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from ..api.answers import TRANSPORT_HIGH_WATER
 from ..api.errors import UNAVAILABLE_RETRY_AFTER
+from .stalls import SEND_TIMEOUT, HeadClock, StallWatch
 
 log = logging.getLogger("prompt_outbox.cli")
 
@@ -117,21 +127,52 @@ def head_refusal(target: int, headers: Iterable[tuple[bytes, bytes]]) -> Refusal
     return HEAD_TOO_LARGE if total > MAX_HEAD_BYTES else None
 
 
-class Edge:
-    """What the connections of one serve share: the head timeout and the connection cap
-    (None: no cap). ``capped_protocol`` binds one to the protocol class uvicorn runs."""
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset, drops the queue
 
-    WARN_EVERY = 60.0  # seconds between two log lines about refused connections
+
+class _Tally:
+    """Events logged once a minute at most, with how many came since (a flood of refused or
+    aborted connections would flood the log too)."""
+
+    EVERY = 60.0
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+        self._count = 0
+        self._logged_at: float | None = None
+
+    def add(self, *args: object) -> None:
+        """Count one; log the count (and ``args``, for the message) when a minute has passed."""
+        self._count += 1
+        now = time.monotonic()
+        if self._logged_at is None or now - self._logged_at >= self.EVERY:
+            log.warning(self._message, self._count, *args)
+            self._count, self._logged_at = 0, now
+
+
+class Edge:
+    """What the connections of one serve share: the head timeout, the send timeout, and the
+    connection cap (None: no cap). ``capped_protocol`` binds one to the protocol class
+    uvicorn runs. ``stalled``: called for each connection aborted by the send timeout (a
+    metric)."""
 
     def __init__(
-        self, head_timeout: float = HEAD_TIMEOUT, max_connections: int | None = None
+        self,
+        head_timeout: float = HEAD_TIMEOUT,
+        max_connections: int | None = None,
+        send_timeout: float = SEND_TIMEOUT,
+        stalled: Callable[[], None] | None = None,
     ) -> None:
         if not head_timeout > 0:
             raise ValueError(f"the head timeout must be > 0 s, got {head_timeout!r}")
+        if not send_timeout > 0:
+            raise ValueError(f"the send timeout must be > 0 s, got {send_timeout!r}")
         if max_connections is not None and max_connections < 1:
             raise ValueError(f"the connection cap must be >= 1, got {max_connections!r}")
         self.head_timeout = head_timeout
+        self.send_timeout = send_timeout
         self.max_connections = max_connections
+        self._stalled = stalled
         self.timed_out = Refusal(
             408, "request_timeout", f"the request head did not arrive within {head_timeout:g} s"
         )
@@ -142,8 +183,11 @@ class Edge:
             f"this server holds its most connections ({max_connections}): retry shortly",
             ((b"retry-after", retry),),
         )
-        self._refused = 0
-        self._warned_at: float | None = None
+        self._refused = _Tally("%d connection(s) refused: %d open, --max-connections %d")
+        self._aborted = _Tally(
+            "%d connection(s) aborted: their client took nothing of the answer for %g s "
+            "(--send-timeout)"
+        )
 
     def admit(
         self,
@@ -157,18 +201,22 @@ class Edge:
             return True
         transport.write(self.too_many.response(default_headers))
         transport.close()
-        self._refused += 1
-        now = time.monotonic()
-        if self._warned_at is None or now - self._warned_at >= self.WARN_EVERY:
-            # Once a minute at most: a flood of connections would flood the log too.
-            log.warning(
-                "%d connection(s) refused: %d open, --max-connections %d",
-                self._refused,
-                len(connections) - 1,
-                self.max_connections,
-            )
-            self._refused, self._warned_at = 0, now
+        self._refused.add(len(connections) - 1, self.max_connections)
         return False
+
+    def abort_stalled(self, transport: asyncio.Transport) -> None:
+        """Abort a connection whose client took nothing for ``send_timeout``: its buffer is
+        dropped (a close would wait to flush it), and uvicorn ends its answer. A reset, not a
+        close: the kernel drops what its socket still holds too (up to megabytes on loopback)
+        instead of keeping it, orphaned, for a client that does not read."""
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already gone: nothing left to drop
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        transport.abort()
+        self._aborted.add(self.send_timeout)
+        if self._stalled is not None:
+            self._stalled()
 
     def time_out(
         self,
@@ -183,56 +231,6 @@ class Edge:
         if begun:
             transport.write(self.timed_out.response(default_headers))
         transport.close()
-
-
-class HeadClock:
-    """The bound on one connection's next head: one timer per connection, not per request.
-
-    ``start`` (the client's turn) moves a due time; ``stop`` (a head came) clears it. The timer
-    is armed only when none is: when it fires early (the due time moved on since), it is armed
-    again for the new due time, and when nothing is due it lapses. A keep-alive connection
-    sending requests back to back thus costs one timer per ``seconds``, not one per request.
-    """
-
-    __slots__ = ("_due", "_expired", "_loop", "_seconds", "_timer")
-
-    SLACK = 0.005  # a timer may fire a little early (clock resolution, uvloop's milliseconds)
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, seconds: float, expired: Callable[[], None]
-    ) -> None:
-        self._loop, self._seconds, self._expired = loop, seconds, expired
-        self._due: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    def start(self) -> None:
-        """A head is due within ``seconds`` from now."""
-        # A due time only grows (now + a constant): an armed timer fires at or before it.
-        self._due = self._loop.time() + self._seconds
-        if self._timer is None:
-            self._timer = self._loop.call_at(self._due, self._fire)
-
-    def stop(self) -> None:
-        """The head is whole: nothing is due until ``start``."""
-        self._due = None
-
-    def cancel(self) -> None:
-        """The connection is gone."""
-        self._due = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _fire(self) -> None:
-        self._timer = None
-        due = self._due
-        if due is None:
-            return
-        if due - self._loop.time() > self.SLACK:
-            self._timer = self._loop.call_at(due, self._fire)
-            return
-        self._due = None
-        self._expired()
 
 
 class _Refused(Exception):
@@ -253,16 +251,36 @@ class _Edged(asyncio.Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._clock = HeadClock(self.loop, self.edge.head_timeout, self._head_late)
+        self._stall = StallWatch(
+            self.loop, self.edge.send_timeout, self._write_buffered, self._write_stalled
+        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        # The low mark is a quarter of the high one, as asyncio's defaults (16 / 64 KiB).
+        self.transport.set_write_buffer_limits(TRANSPORT_HIGH_WATER, TRANSPORT_HIGH_WATER // 4)
         state = self.server_state
         if self.edge.admit(state.connections, self.transport, state.default_headers):
             self._clock.start()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._clock.cancel()
+        self._stall.cancel()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._stall.paused()
+
+    def resume_writing(self) -> None:
+        self._stall.resumed()
+        super().resume_writing()
+
+    def _write_buffered(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    def _write_stalled(self) -> None:
+        self.edge.abort_stalled(self.transport)
 
     def _head_begun(self) -> bool:
         raise NotImplementedError
@@ -270,6 +288,13 @@ class _Edged(asyncio.Protocol):
     def _head_late(self) -> None:
         begun = self._head_begun()
         self.edge.time_out(self.transport, self.server_state.default_headers, begun=begun)
+        self._stall.closing()  # the last answer may still be unread: its close is watched
+
+    def _response_done(self) -> None:
+        """An answer is whole in the transport; a connection closing after it (no keep-alive)
+        stays until the client took it: that close is watched."""
+        if self.transport.is_closing():
+            self._stall.closing()
 
 
 class CappedHttpTools(_Edged, HttpToolsProtocol):
@@ -316,6 +341,7 @@ class CappedHttpTools(_Edged, HttpToolsProtocol):
         # The client's turn, unless a pipelined request is already waiting for its answer.
         if not self.pipeline and not self.transport.is_closing():
             self._clock.start()
+        self._response_done()
         super().on_response_complete()
 
     def _head_begun(self) -> bool:
@@ -368,6 +394,7 @@ class CappedH11(_Edged, H11Protocol):
         # The client's turn; a pipelined request taken at once by super() stops the clock.
         if not self.transport.is_closing():
             self._clock.start()
+        self._response_done()
         super().on_response_complete()
 
     def _head_begun(self) -> bool:

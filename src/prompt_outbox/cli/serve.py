@@ -34,6 +34,7 @@ from .heads import (
     capped_protocol,
     raise_open_files,
 )
+from .stalls import Readers, reader_options
 from .storage import Durability, durability_options, open_outbox, storage_options
 
 log = logging.getLogger("prompt_outbox.cli")
@@ -115,15 +116,19 @@ async def run_api(
     api_docs: bool = False,
     head_timeout: float = HEAD_TIMEOUT,
     max_connections: int | None = None,
+    readers: Readers | None = None,
 ) -> None:
     """Serve the API until SIGINT / SIGTERM. ``head_timeout`` bounds the seconds a request
     head may take, ``max_connections`` the connections held at once (``cli/heads.py``;
-    None: ``streams.per_process`` + ``CONNECTIONS_BEYOND_STREAMS``)."""
+    None: ``streams.per_process`` + ``CONNECTIONS_BEYOND_STREAMS``), ``readers`` what
+    clients that stop reading may hold, and how long (``cli/stalls.py``)."""
+    readers = readers or Readers()
     try:
         app = create_app(
             outbox,
             tokens,
             streams=streams,
+            answers=readers.answers,
             cors_origins=cors_origins,
             accept_rate=accept_rate,
             count_interval=count_interval,
@@ -135,13 +140,15 @@ async def run_api(
     if max_connections is None:
         max_connections = streams.per_process + CONNECTIONS_BEYOND_STREAMS
     raise_open_files(max_connections)
+    stalled = outbox.metrics.connections_stalled.inc
+    edge = Edge(head_timeout, max_connections, readers.send_timeout, stalled)
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         # uvicorn's protocol for --http (auto: httptools), the request head capped and timed,
         # the connections counted (heads.py).
-        http=capped_protocol(http, Edge(head_timeout, max_connections)),
+        http=capped_protocol(http, edge),
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         access_log=access_log,
         timeout_graceful_shutdown=5,  # open event streams never end by themselves
@@ -293,6 +300,7 @@ async def run_api(
     show_default=True,
     help="HTTP/1.1 parser (auto: httptools where installed)",
 )
+@reader_options
 @delivery_options
 def serve(
     valkey_url: str | None,
@@ -321,6 +329,7 @@ def serve(
     head_timeout: float,
     max_connections: int | None,
     api_docs: bool,
+    readers: Readers,
     **delivery: str | float | None,
 ) -> None:
     """Run the HTTP API and the delivery workers in one process."""
@@ -386,6 +395,7 @@ def serve(
                 api_docs=api_docs,
                 head_timeout=head_timeout,
                 max_connections=max_connections,
+                readers=readers,
             )
 
     run_on(loop, main)

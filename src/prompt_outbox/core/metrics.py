@@ -165,6 +165,12 @@ class Metrics:
             ["bound"],
             registry=r,
         )
+        self.connections_stalled = Counter(
+            "prompt_outbox_connections_stalled",
+            "Connections aborted because their client took nothing of what serve wrote for "
+            "--send-timeout seconds.",
+            registry=r,
+        )
 
     def render(self, by_status: Mapping[str, int] | None, counted_at: float = 0.0) -> bytes:
         """The text exposition, with the gauge set from a count of the entries taken at
