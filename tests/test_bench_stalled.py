@@ -25,3 +25,19 @@ async def test_the_stalled_streams_benchmark_runs_both_setups() -> None:
     assert events_only.buffered > 2 * 2 * MIB
     markdown = report.markdown()
     assert "| bounded |" in markdown and "growth, bounded / events only:" in markdown
+
+
+@pytest.mark.timeout(300)
+def test_the_stalled_answers_benchmark_runs_before_and_after() -> None:
+    # The red team's hole 1, short: 4 stalled clients of each kind on the 5.1 MB session.
+    # Before, each held its answer formatted whole and its snapshot: 5-12 MiB of serve's
+    # memory each; after, its entries and one piece in flight, about 0.5 MiB, all counted.
+    report = stalled.run_answers(stalled=4, before=stalled.before_rev())
+    for row in report.rows:
+        assert row.idle > 0 and row.held > 0
+    for kind in stalled.KINDS:
+        after = report.row("after", kind)
+        assert after.counted is not None and 4 * 0.3 * MIB < after.counted < 4 * 1.5 * MIB
+        assert after.per_answer < 2.5, after  # MiB each, against the idle RSS of its run
+        assert report.ratio(kind) < 0.5, report.markdown()
+    assert "| after | events |" in report.markdown()
