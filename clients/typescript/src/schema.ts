@@ -282,8 +282,9 @@ export interface paths {
          *     (accepted, delivering, sent, pending, verifying, error, parked, dismissed). Reconnect
          *     with ``Last-Event-ID`` to resume after the last event seen, with no reset if the
          *     capped log still holds everything since. 429 / 503 with ``Retry-After`` past the
-         *     stream limits (per token / per process). Auth: the bearer token, or ``?ticket=`` (a
-         *     stream ticket, for a browser's EventSource).
+         *     stream limits (per token / per process), or past the answer budgets
+         *     (``answers_buffer_full``: the reset is charged before the stream starts). Auth: the
+         *     bearer token, or ``?ticket=`` (a stream ticket, for a browser's EventSource).
          */
         get: operations["session_events_v1_workspaces__ws__sessions__ses__events_get"];
         put?: never;
@@ -303,7 +304,9 @@ export interface paths {
         };
         /**
          * List Prompts
-         * @description The session's queue in FIFO order (the seed's List, with blockedByInFlight).
+         * @description The session's queue in FIFO order (the seed's List, with blockedByInFlight). Written
+         *     an entry at a time under the answer budgets: 429 / 503 ``answers_buffer_full`` (with
+         *     ``Retry-After``) while this token's (or this replica's) answers hold their most.
          */
         get: operations["list_prompts_v1_workspaces__ws__sessions__ses__prompts_get"];
         put?: never;
@@ -702,7 +705,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -731,7 +734,7 @@ export interface operations {
                     "application/json": components["schemas"]["MeOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -785,7 +788,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -819,7 +822,7 @@ export interface operations {
                     "application/json": components["schemas"]["WorkspacePage"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -873,7 +876,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -907,7 +910,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -961,7 +964,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -993,7 +996,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1047,7 +1050,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1079,7 +1082,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1133,7 +1136,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1142,7 +1145,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1174,7 +1177,7 @@ export interface operations {
                     "application/json": components["schemas"]["Ticket"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1228,7 +1231,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1266,7 +1269,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1320,7 +1323,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1357,7 +1360,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionPage"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1411,7 +1414,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1445,7 +1448,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1499,7 +1502,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1533,7 +1536,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1587,7 +1590,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1596,7 +1599,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1637,7 +1640,7 @@ export interface operations {
                     "text/event-stream": unknown;
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1691,7 +1694,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1700,7 +1703,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1734,7 +1737,7 @@ export interface operations {
                     "application/json": components["schemas"]["EntryList"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1788,7 +1791,16 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1863,7 +1875,7 @@ export interface operations {
                     "application/json": components["schemas"]["Accepted"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1926,7 +1938,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1935,7 +1947,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1969,7 +1981,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2041,7 +2053,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2086,7 +2098,7 @@ export interface operations {
                     "application/json": components["schemas"]["EditedOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2158,7 +2170,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2167,7 +2179,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2203,7 +2215,7 @@ export interface operations {
                     "application/json": components["schemas"]["Retried"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2275,7 +2287,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2284,7 +2296,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2318,7 +2330,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2372,7 +2384,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2406,7 +2418,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2460,7 +2472,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
             503: {
                 headers: {
                     [name: string]: unknown;
