@@ -47,6 +47,7 @@ from ..core.events import QueueEvent, QueueReset
 from ..core.metrics import Metrics
 from .auth import Principal
 from .errors import ApiError
+from .streams import Bounds
 
 MIB = 1024 * 1024
 DEFAULT_PER_PROCESS = 64 * MIB
@@ -99,17 +100,11 @@ def charge(item: QueueReset | QueueEvent | list[Entry]) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class AnswerLimits:
+class AnswerLimits(Bounds):
     """The bytes answers may hold for their clients: all of a process's, and one token's."""
 
     per_process: int = DEFAULT_PER_PROCESS
     per_token: int = DEFAULT_PER_TOKEN
-
-    def __post_init__(self) -> None:
-        for name in ("per_process", "per_token"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"AnswerLimits.{name} must be a whole number >= 1, got {value!r}")
 
 
 class AnswerBuffers:

@@ -30,17 +30,27 @@ DEFAULT_PER_TOKEN = 500
 
 
 @dataclass(frozen=True, slots=True)
-class StreamLimits:
-    """How many event streams one process serves, and one token may hold at once."""
+class Bounds:
+    """A bound for a whole process and one for each token, whole numbers >= 1 (what
+    ``StreamLimits`` and ``answers.AnswerLimits`` count, each in its own unit)."""
 
-    per_process: int = DEFAULT_PER_PROCESS
-    per_token: int = DEFAULT_PER_TOKEN
+    per_process: int
+    per_token: int
 
     def __post_init__(self) -> None:
         for name in ("per_process", "per_token"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"StreamLimits.{name} must be a whole number >= 1, got {value!r}")
+                kind = type(self).__name__
+                raise ValueError(f"{kind}.{name} must be a whole number >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits(Bounds):
+    """How many event streams one process serves, and one token may hold at once."""
+
+    per_process: int = DEFAULT_PER_PROCESS
+    per_token: int = DEFAULT_PER_TOKEN
 
 
 class StreamGate:

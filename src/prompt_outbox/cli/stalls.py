@@ -36,32 +36,59 @@ phone on a poor link takes something every second. nginx's ``send_timeout`` is 6
 it, as a stalled answer holds its memory (within its budget) until then."""
 
 
-class HeadClock:
-    """The bound on one connection's next head: one timer per connection, not per request.
+class _Clock:
+    """What both clocks share: one timer per connection, armed only when none is (it fires at
+    or before the time asked, and the clock looks again then), never one per request or per
+    pause."""
 
-    ``start`` (the client's turn) moves a due time; ``stop`` (a head came) clears it. The timer
-    is armed only when none is: when it fires early (the due time moved on since), it is armed
-    again for the new due time, and when nothing is due it lapses. A keep-alive connection
-    sending requests back to back thus costs one timer per ``seconds``, not one per request.
-    """
-
-    __slots__ = ("_due", "_expired", "_loop", "_seconds", "_timer")
+    __slots__ = ("_loop", "_seconds", "_timer")
 
     SLACK = 0.005  # a timer may fire a little early (clock resolution, uvloop's milliseconds)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+        self._loop, self._seconds = loop, seconds
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _arm(self, when: float) -> None:
+        if self._timer is None:
+            self._timer = self._loop.call_at(when, self._fired)
+
+    def _fired(self) -> None:
+        self._timer = None
+        self._tick()
+
+    def _tick(self) -> None:
+        raise NotImplementedError
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class HeadClock(_Clock):
+    """The bound on one connection's next head: one timer per connection, not per request.
+
+    ``start`` (the client's turn) moves a due time; ``stop`` (a head came) clears it. When the
+    timer fires early (the due time moved on since), it is armed again for the new due time,
+    and when nothing is due it lapses. A keep-alive connection sending requests back to back
+    thus costs one timer per ``seconds``, not one per request.
+    """
+
+    __slots__ = ("_due", "_expired")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, seconds: float, expired: Callable[[], None]
     ) -> None:
-        self._loop, self._seconds, self._expired = loop, seconds, expired
+        super().__init__(loop, seconds)
+        self._expired = expired
         self._due: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         """A head is due within ``seconds`` from now."""
         # A due time only grows (now + a constant): an armed timer fires at or before it.
         self._due = self._loop.time() + self._seconds
-        if self._timer is None:
-            self._timer = self._loop.call_at(self._due, self._fire)
+        self._arm(self._due)
 
     def stop(self) -> None:
         """The head is whole: nothing is due until ``start``."""
@@ -70,45 +97,31 @@ class HeadClock:
     def cancel(self) -> None:
         """The connection is gone."""
         self._due = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
 
-    def _fire(self) -> None:
-        self._timer = None
+    def _tick(self) -> None:
         due = self._due
         if due is None:
             return
         if due - self._loop.time() > self.SLACK:
-            self._timer = self._loop.call_at(due, self._fire)
+            self._arm(due)
             return
         self._due = None
         self._expired()
 
 
-class StallWatch:
+class StallWatch(_Clock):
     """The send timeout of one connection. It watches while nothing more can be written: the
     transport holds over its high-water mark (writing paused), or it is closing with some
     of the last answer still in it. It samples the transport's buffer every
     ``seconds / STEPS``; a sample smaller than the last is the client taking something. When
     ``seconds`` pass without that, ``stalled`` is called: between ``seconds`` and ``seconds``
-    plus one step after the client last took anything. One timer per watched connection,
-    armed only when none is (a connection pausing and resuming often costs no new timers).
+    plus one step after the client last took anything.
     """
 
-    __slots__ = (
-        "_buffered",
-        "_final",
-        "_last",
-        "_loop",
-        "_quiet_since",
-        "_seconds",
-        "_stalled",
-        "_timer",
-    )
+    __slots__ = ("_buffered", "_final", "_last", "_quiet_since", "_stalled")
 
     STEPS = 4
-    SLACK = HeadClock.SLACK
 
     def __init__(
         self,
@@ -117,12 +130,11 @@ class StallWatch:
         buffered: Callable[[], int],
         stalled: Callable[[], None],
     ) -> None:
-        self._loop, self._seconds = loop, seconds
+        super().__init__(loop, seconds)
         self._buffered, self._stalled = buffered, stalled
         self._last: int | None = None  # the buffer at the last sample; None: not watching
         self._final = False  # closing: what is buffered is all there will be
         self._quiet_since = 0.0
-        self._timer: asyncio.TimerHandle | None = None
 
     def paused(self) -> None:
         """Writing paused: the transport holds over its mark (the client just took something,
@@ -142,21 +154,17 @@ class StallWatch:
         if not self._final:
             self._last = None
 
-    def _watch(self) -> None:
-        self._last = self._buffered()
-        self._quiet_since = self._loop.time()
-        if self._timer is None:
-            self._timer = self._loop.call_later(self._seconds / self.STEPS, self._sample)
-
     def cancel(self) -> None:
         """The connection is gone."""
         self._last = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
 
-    def _sample(self) -> None:
-        self._timer = None
+    def _watch(self) -> None:
+        self._last = self._buffered()
+        self._quiet_since = self._loop.time()
+        self._arm(self._quiet_since + self._seconds / self.STEPS)
+
+    def _tick(self) -> None:
         if self._last is None:
             return
         now, size = self._loop.time(), self._buffered()
@@ -170,7 +178,7 @@ class StallWatch:
             self._last = None
             self._stalled()
             return
-        self._timer = self._loop.call_later(self._seconds / self.STEPS, self._sample)
+        self._arm(now + self._seconds / self.STEPS)
 
 
 @dataclass(frozen=True, slots=True)
