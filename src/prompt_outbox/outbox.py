@@ -169,13 +169,11 @@ class Outbox:
 
         Raises ``Duplicate`` (with the first accept's ID) when the clientMessageID was accepted
         within ``dedupe_ttl`` with the same text and model, ``IdempotencyKeyReused`` (with it
-        too, nothing written) when it was accepted with another text or model, ``OutboxFull``
-        at ``cap`` (``WorkspaceFull``, an ``OutboxFull`` too, at ``workspace_cap``),
-        ``StorageFull`` while Valkey's memory is at ``accept_memory_ratio`` of its maxmemory,
-        ``WorkspaceLogsFull`` while the workspace's event logs took ``workspace_log_bytes``
-        in this window of ``event_log_ttl`` and the one before, ``ValueError`` (an
-        ``InvalidInput``) for bad input. The dedupe marker is written only after the push, in
-        the same script: never half-written.
+        too, nothing written) when it was accepted with another text or model, ``ValueError``
+        (an ``InvalidInput``) for bad input, and at a quota, nothing written: ``OutboxFull``
+        (``cap``), ``WorkspaceFull`` (``workspace_cap``), ``StorageFull`` (the memory
+        ceiling), ``WorkspaceLogsFull`` (``workspace_log_bytes``); docs/security.md has each.
+        The dedupe marker is written only after the push, in the same script.
 
         Returns (or raises ``Duplicate``) once the entry is as durable as
         ``accept_durability`` asks (see ``check_durability``); ``NotDurable`` when the wait
@@ -381,9 +379,8 @@ class Outbox:
 
     async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
         """Clear an error entry back to pending. BUSY while the session lock is held;
-        NOT_FOUND when the session has no error entry with that ID. ``WorkspaceLogsFull``,
-        nothing written, at accept's bound on the workspace's logs (a retry re-arms the
-        entry for more moves, each logging it whole)."""
+        NOT_FOUND when the session has no error entry with that ID. ``WorkspaceLogsFull``
+        at accept's bound on the workspace's logs (a re-armed entry logs each move whole)."""
         return await self._admin.retry(workspace_id, session_id, entry_id)
 
     async def edit(
@@ -399,9 +396,8 @@ class Outbox:
         either as it is) of a pending or error entry before it is sent. An error entry stays
         in error until it is retried. BUSY while the session lock is held; NOT_EDITABLE once
         the entry is staged, verifying or parked; NOT_FOUND if absent. Emits ``edited``.
-        Bad input raises InvalidInput, as accept's does; so does an edit of neither.
-        ``StorageFull`` at accept's memory ceiling and ``WorkspaceLogsFull`` at its bound on
-        the workspace's logs (an edit logs the whole entry again)."""
+        Bad input raises InvalidInput, as accept's does (so does an edit of neither), and so
+        do accept's StorageFull and WorkspaceLogsFull: an edit logs the whole entry again."""
         return await self._admin.edit(workspace_id, session_id, entry_id, text, model)
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
