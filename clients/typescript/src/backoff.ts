@@ -17,6 +17,12 @@ export interface BackoffOptions {
    * (default `Infinity`: it retries until it is answered, or aborted).
    */
   maxAttempts?: number;
+  /**
+   * The longest `Retry-After` `send` waits out, in ms (default 300 000: five minutes). A
+   * refusal that asks for longer (a quota that clears in hours) rejects at once, with the
+   * prompt left in the store for `resumePending`: a page must not sleep through it silently.
+   */
+  maxRetryAfterMs?: number;
   /** A source of numbers in [0, 1) (default `Math.random`), for tests. */
   random?: () => number;
 }
@@ -27,6 +33,7 @@ export class Backoff {
   readonly maxMs: number;
   readonly multiplier: number;
   readonly maxAttempts: number;
+  readonly maxRetryAfterMs: number;
   private readonly random: () => number;
 
   constructor(options: BackoffOptions = {}) {
@@ -34,6 +41,7 @@ export class Backoff {
     this.maxMs = options.maxMs ?? 30_000;
     this.multiplier = options.multiplier ?? 2;
     this.maxAttempts = options.maxAttempts ?? Infinity;
+    this.maxRetryAfterMs = options.maxRetryAfterMs ?? 300_000;
     this.random = options.random ?? Math.random;
   }
 
@@ -43,6 +51,7 @@ export class Backoff {
    * server's `Retry-After`.
    */
   delay(attempt: number, retryAfterMs?: number): number {
+    // (`send` never asks for a wait past maxRetryAfterMs: it gives up first.)
     const ceiling = Math.min(this.maxMs, this.initialMs * this.multiplier ** attempt);
     return Math.max(this.random() * ceiling, retryAfterMs ?? 0);
   }

@@ -322,6 +322,11 @@ export class Proxy {
       res.end(JSON.stringify({ error: "outbox_full", detail: "full (proxy)" }));
       return;
     }
+    if (action === "429-hours") {
+      res.writeHead(429, { "Content-Type": "application/json", "Retry-After": "7200" });
+      res.end(JSON.stringify({ error: "workspace_logs_full", detail: "full for hours (proxy)" }));
+      return;
+    }
     if (isStream && this.refuseStreams) {
       res.writeHead(503, { "Content-Type": "application/json", "Retry-After": "0" });
       res.end(JSON.stringify({ error: "too_many_streams", detail: "refused (proxy)" }));

@@ -69,6 +69,24 @@ test("send retries 503, 429 (after its Retry-After) and a dropped answer with th
   assert.deepEqual(env.agent.texts("s-retry"), ["retry me"]);
 });
 
+test("a Retry-After past maxRetryAfterMs rejects at once and keeps the prompt for resumePending", { timeout: 30_000 }, async () => {
+  env.proxy.plan = ["429-hours"];
+  const store = new MemoryStore();
+  const before = env.proxy.posts().length;
+  const started = Date.now();
+  const err = await client(store).send(WS, "s-hours", "later").then(
+    () => assert.fail("resolved"),
+    (e) => e,
+  );
+  assert.ok(Date.now() - started < 5_000, "it did not sleep out the two hours");
+  assert.ok(err instanceof OutboxError);
+  assert.equal(err.status, 429);
+  assert.equal(err.code, "workspace_logs_full");
+  assert.equal(err.retryAfterMs, 7_200_000);
+  assert.equal(env.proxy.posts().length - before, 1, "one POST");
+  assert.deepEqual((await store.all()).map((p) => p.text), ["later"], "kept for resumePending");
+});
+
 test("a 400 is final: one POST, an OutboxError, and the prompt leaves the store", { timeout: 30_000 }, async () => {
   const store = new MemoryStore();
   const before = env.proxy.posts().length;

@@ -4,12 +4,14 @@ var Backoff = class {
   maxMs;
   multiplier;
   maxAttempts;
+  maxRetryAfterMs;
   random;
   constructor(options = {}) {
     this.initialMs = options.initialMs ?? 250;
     this.maxMs = options.maxMs ?? 3e4;
     this.multiplier = options.multiplier ?? 2;
     this.maxAttempts = options.maxAttempts ?? Infinity;
+    this.maxRetryAfterMs = options.maxRetryAfterMs ?? 3e5;
     this.random = options.random ?? Math.random;
   }
   /**
@@ -226,6 +228,7 @@ async function postUntilAnswered(transport, backoff, prompt, signal) {
       failure = err;
     }
     if (!failure.retryable || attempt + 1 >= backoff.maxAttempts) throw failure;
+    if ((failure.retryAfterMs ?? 0) > backoff.maxRetryAfterMs) throw failure;
     await sleep(backoff.delay(attempt, failure.retryAfterMs), signal);
   }
 }
