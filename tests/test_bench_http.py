@@ -37,7 +37,8 @@ def test_the_http_benchmark_measures_baseline_and_ours_on_every_stack(
         assert load.ok > 0 and load.rate > 0, key
         assert (load.non2xx, load.errors, load.timeouts) == (0, 0, 0), (key, load.codes)
         assert set(load.codes) == {"202"}, key  # each an accept, none a duplicate
-        assert 0 < load.p50 <= load.p99, key
+        # The load generator reports whole milliseconds: a fast stack's p50 can be 0.
+        assert 0 <= load.p50 <= load.p99, key
         assert run.server_cpu_us > 0 and run.valkey_cpu_us > 0, key
         # Every 2xx was stored; a request the load generator dropped at its end may be too.
         assert run.answered <= run.stored <= run.answered + 2 * CONNECTIONS, key
