@@ -19,12 +19,19 @@ from prompt_outbox.webhook import (
     SESSION_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
+    TURN_END_DOMAIN,
+    TURN_END_ROUTE,
     WORKSPACE_HEADER,
     SignedDelivery,
     WebhookSignatureError,
     sign,
+    sign_turn_end,
     signed_bytes,
+    turn_end_bytes,
+    turn_end_headers,
+    turn_end_path,
     verify_signature,
+    verify_turn_end,
 )
 
 SECRET = b"receiver-secret"
@@ -247,3 +254,101 @@ def test_hostile_headers_give_only_the_typed_error(
     # It verified: then it is the genuine delivery, byte for byte.
     assert (got, body) == (SignedDelivery("acme", "chat-1", "e1", T), BODY)
     assert hdrs == headers()
+
+
+# A turn end (issue 23 point 4): a receiver ends a turn it handed back by signing the end with
+# the webhook secret, over a string of its own domain.
+
+TURN = "turn/1 \u00e9"  # any printable characters: a '/', a space, non-ASCII
+TURN_VECTOR = "v2=79270cb04fb7628a590286dd29a357b6b9336a233a516bc146a397cef1d91c12"
+"""The signature of ending TURN of acme/chat-1 at T under SECRET: the TypeScript client's
+test (clients/typescript/test/webhook.test.mjs) checks the same vector."""
+
+
+def end_headers(ws: str = "acme", ses: str = "chat-1", turn: str = TURN) -> dict[str, str]:
+    return turn_end_headers(SECRET, ws, ses, turn, now=T)
+
+
+def end_refused(code: str, hdrs: object, ws: str = "acme", ses: str = "chat-1", turn: str = TURN,
+                **kw: float) -> None:  # fmt: skip
+    with pytest.raises(WebhookSignatureError) as caught:
+        verify_turn_end(SECRET, hdrs, ws, ses, turn, now=kw.pop("now", T), **kw)  # type: ignore[arg-type]
+    assert caught.value.code == code, caught.value
+
+
+def test_a_turn_end_signs_its_own_canonical_string() -> None:
+    message = b"v2-turn-end\n1700000000\nacme\nchat-1\nturn/1 \xc3\xa9"
+    assert turn_end_bytes(str(T), "acme", "chat-1", TURN) == message
+    want = "v2=" + hmac.new(SECRET, message, hashlib.sha256).hexdigest()
+    assert (
+        sign_turn_end(SECRET, timestamp=T, workspace="acme", session="chat-1", turn_id=TURN) == want
+    )
+    assert end_headers() == {TIMESTAMP_HEADER: str(T), SIGNATURE_HEADER: TURN_VECTOR}
+    assert want == TURN_VECTOR and TURN_END_DOMAIN == "v2-turn-end"
+    assert verify_turn_end(SECRET, end_headers(), "acme", "chat-1", TURN, now=T) == T
+    assert verify_turn_end(SECRET.decode(), end_headers(), "acme", "chat-1", TURN, now=T + 300)
+
+
+@pytest.mark.parametrize("body", [b"", BODY])
+def test_a_captured_delivery_signature_never_verifies_as_a_turn_end(body: bytes) -> None:
+    """A delivery for entry e1 with its timestamp and signature, replayed as the end of a turn
+    named e1 (a turn named by its entry ID), to the same workspace and session: refused, as is
+    the reverse (an end's signature passed off as a delivery with an empty body)."""
+    signature = sign(SECRET, timestamp=T, workspace="acme", session="chat-1", entry_id="e1",
+                     body=body)  # fmt: skip
+    captured = {TIMESTAMP_HEADER: str(T), SIGNATURE_HEADER: signature}
+    end_refused("bad_signature", captured, turn="e1")
+    end = end_headers(turn="e1")
+    as_delivery = headers() | end
+    refused("bad_signature", as_delivery, b"")
+
+
+@pytest.mark.parametrize(
+    ("ws", "ses", "turn"),
+    [("other", "chat-1", TURN), ("acme", "chat-2", TURN), ("acme", "chat-1", "turn/2 \u00e9")],
+)
+def test_an_end_is_bound_to_its_workspace_session_and_turn(ws: str, ses: str, turn: str) -> None:
+    end_refused("bad_signature", end_headers(), ws, ses, turn)
+
+
+def test_an_end_is_refused_past_the_tolerance_with_another_secret_or_headers_off() -> None:
+    end_refused("stale_timestamp", end_headers(), now=T + 301)  # replayed past the window
+    end_refused("stale_timestamp", end_headers(), now=T - 301)
+    with pytest.raises(WebhookSignatureError) as caught:
+        verify_turn_end(b"other", end_headers(), "acme", "chat-1", TURN, now=T)
+    assert caught.value.code == "bad_signature"
+    for name in (TIMESTAMP_HEADER, SIGNATURE_HEADER):
+        hdrs = end_headers()
+        del hdrs[name]
+        end_refused("missing_header", hdrs)
+    end_refused("malformed_header", _Pairs([*end_headers().items(), (SIGNATURE_HEADER, "v2=0")]))
+    end_refused("malformed_header", end_headers() | {TIMESTAMP_HEADER: "17e8"})
+    end_refused("bad_signature", end_headers() | {SIGNATURE_HEADER: "v2=" + "0" * 64})
+
+
+def test_the_end_path_percent_encodes_the_turn_id() -> None:
+    path = turn_end_path("acme", "chat-1", "a/b?c=d%e f#\u00e9")
+    assert path == "/v1/workspaces/acme/sessions/chat-1/turns/a%2Fb%3Fc%3Dd%25e%20f%23%C3%A9/end"
+    assert (
+        TURN_END_ROUTE.format(ws="w", ses="s", turn="t")
+        == "/v1/workspaces/w/sessions/s/turns/t/end"
+    )
+    for bad in ("", "t" * 201, "a\nb", "a\x00"):
+        with pytest.raises(ValueError):
+            turn_end_path("acme", "chat-1", bad)
+        with pytest.raises(ValueError):
+            turn_end_bytes(str(T), "acme", "chat-1", bad)
+    with pytest.raises(ValueError):
+        turn_end_path("ac/me", "chat-1", "t")
+    with pytest.raises(ValueError, match="empty secret"):
+        turn_end_headers(b"", "acme", "chat-1", "t")
+
+
+turn_ids = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=20)
+
+
+@given(a=turn_ids, b=turn_ids)
+def test_an_end_for_one_turn_never_verifies_for_another(a: str, b: str) -> None:
+    if not (a.isprintable() and b.isprintable()) or a == b:
+        return
+    end_refused("bad_signature", end_headers(turn=a), turn=b)
