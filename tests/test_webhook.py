@@ -18,7 +18,9 @@ import pytest
 
 from prompt_outbox import Outbox, Status
 from prompt_outbox.cli.flaky_agent import FlakyAgent
+from prompt_outbox.core.callbacks import TURN_ID_MAX, Turn, TurnState, TurnWatcher
 from prompt_outbox.deliver import WebhookDeliverer
+from prompt_outbox.deliver.webhook import SEND_ANSWER_BYTES, VERIFY_ANSWER_BYTES
 from prompt_outbox.embedded import free_port
 from prompt_outbox.webhook import (
     SESSION_HEADER,
@@ -37,11 +39,16 @@ WS, SES = "ws", "s1"
 
 @dataclass
 class Receiver:
-    """What the fake agent does with each POST: 'ok', a status code, 'cut' or 'hang'."""
+    """What the fake agent does with each POST: 'ok', a status code, 'cut', 'hang', or
+    (status, JSON body) (a 202 handing back a turn). ``turns``: what the verify URL says of
+    a turn (a word, as JSON ``{"status": word}``; bytes: that plain body); ``asked``: the
+    queries of its turn questions."""
 
-    actions: list[str | int] = field(default_factory=list)
+    actions: list[str | int | tuple[int, bytes]] = field(default_factory=list)
     received: list[dict[str, object]] = field(default_factory=list)
     refused: list[WebhookSignatureError] = field(default_factory=list)  # answered 401
+    turns: dict[str, str | bytes] = field(default_factory=dict)
+    asked: list[dict[str, list[str]]] = field(default_factory=list)
     port: int = 0
 
     @property
@@ -77,6 +84,13 @@ def receiver() -> Iterator[Receiver]:
             action = rec.actions.pop(0) if rec.actions else "ok"
             # The receiver records (acts on) the prompt before it answers, like an agent would.
             rec.received.append({"headers": dict(self.headers), "body": body, "signed": signed})
+            if isinstance(action, tuple):
+                self.send_response(action[0])
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(action[1])))
+                self.end_headers()
+                self.wfile.write(action[1])
+                return
             if action == "cut":
                 self.connection.shutdown(2)
                 return
@@ -89,7 +103,19 @@ def receiver() -> Iterator[Receiver]:
             self.wfile.write(b"{}")
 
         def do_GET(self) -> None:
-            entry_id = parse_qs(urlparse(self.path).query)["id"][0]
+            query = parse_qs(urlparse(self.path).query)
+            if "turn" in query:
+                rec.asked.append(query)
+                said = rec.turns.get(query["turn"][0], "ended")  # none running
+                plain = isinstance(said, bytes)
+                payload = said if plain else json.dumps({"status": said}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain" if plain else "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                return
+            entry_id = query["id"][0]
             answer = "delivered" if entry_id in rec.ids() else "absent"
             payload = json.dumps({"status": answer}).encode()
             self.send_response(200)
@@ -271,3 +297,91 @@ async def test_the_demo_agent_checks_signatures(manual_outbox: Outbox) -> None:
     finally:
         await hook.aclose()
         agent.close()
+
+
+LONG = "t" * (TURN_ID_MAX + 1)
+PADDED = b'{"turn": "t-1", "pad": "' + b"x" * SEND_ANSWER_BYTES + b'"}'  # past the read bound
+
+
+@pytest.mark.parametrize(
+    ("answer", "turn"),
+    [
+        ((202, b'{"turn": "t-1"}'), "t-1"),
+        ((202, json.dumps({"turn": "a/b c?%\u00e9"}).encode()), "a/b c?%\u00e9"),  # any printable
+        # The receiver asked for a turn with an ID that is none: it has the prompt, so the
+        # session is held, the turn named by the entry ID (which the receiver knows).
+        ((202, b'{"turn": ""}'), "<entry>"),
+        ((202, json.dumps({"turn": LONG}).encode()), "<entry>"),
+        ((202, b'{"turn": "a\\nb"}'), "<entry>"),
+        ((202, b'{"turn": 7}'), "<entry>"),
+        ((202, b'{"turn": null}'), "<entry>"),
+        # No "turn": the blocking shape, as before this change (a receiver that answers 202
+        # out of habit when it is done keeps working).
+        ((202, b""), None),
+        ((202, b'{"accepted": true}'), None),
+        ((202, b'["turn"]'), None),
+        ((202, b"turn t-1"), None),
+        ((202, PADDED), None),  # cut at the bound: no turn read from part of an answer
+        ((200, b'{"turn": "t-1"}'), None),  # only a 202 hands a turn back
+        ((201, b'{"turn": "t-1"}'), None),
+        ("ok", None),
+        (204, None),
+    ],
+)
+async def test_a_202_with_a_turn_hands_the_turn_back(
+    manual_outbox: Outbox, agent: Receiver, answer: str | int | tuple[int, bytes], turn: str | None
+) -> None:
+    """Issue 23 point 4: a receiver that answers as soon as it has the prompt says so with
+    202 {"turn": id}; the deliverer returns that Turn (before: None, the turn taken as over,
+    so the session's next prompt went into the running turn)."""
+    hook = wired(manual_outbox, agent)
+    agent.actions = [answer]
+    entry = await manual_outbox.accept(WS, SES, "u", "c1", "hello")
+    got = await hook(WS, SES, entry)
+    want = None if turn is None else Turn(entry.id if turn == "<entry>" else turn)
+    assert got == want
+    assert agent.ids() == [entry.id]
+    await hook.aclose()
+
+
+async def test_the_webhook_deliverer_asks_the_verify_url_how_a_turn_goes(
+    agent: Receiver,
+) -> None:
+    hook = WebhookDeliverer(agent.url, secret=SECRET, verify_url=agent.verify_url)
+    assert isinstance(hook, TurnWatcher)
+    hook.watch_turns(None)  # nothing to stream: accepted and ignored
+    agent.turns = {
+        "t-run": "running",
+        "t-end": "ENDED",
+        "t-plain": b" ended\n",  # a plain word, as for the entry verdicts
+        "t-gone": "absent",  # an entry's word, not a turn's
+        "t-pad": b"ended" + b" " * VERIFY_ANSWER_BYTES,  # past the bound: no verdict from part
+    }
+    asked = {turn: await hook.turn_state(WS, SES, turn) for turn in agent.turns}
+    assert asked == {
+        "t-run": TurnState.RUNNING,
+        "t-end": TurnState.ENDED,
+        "t-plain": TurnState.ENDED,
+        "t-gone": TurnState.UNKNOWN,
+        "t-pad": TurnState.UNKNOWN,
+    }
+    # The turn, its workspace and session as query parameters (a turn ID is the receiver's
+    # own, and may repeat across sessions).
+    assert agent.asked[0] == {"turn": ["t-run"], "workspace": [WS], "session": [SES]}
+    weird = "a/b&c=d %"
+    agent.turns[weird] = "ended"
+    assert await hook.turn_state(WS, SES, weird) == TurnState.ENDED
+    assert agent.asked[-1]["turn"] == [weird]
+    await hook.aclose()
+
+
+async def test_a_turn_state_nobody_can_give() -> None:
+    """No verify URL: nobody to ask, so RUNNING (the end route or the ceiling ends it); a
+    verify URL that does not answer: UNKNOWN (asked again later), never an exception."""
+    quiet = WebhookDeliverer("http://127.0.0.1:1/hook", secret=SECRET)
+    away = f"http://127.0.0.1:{free_port()}/verify"
+    gone = WebhookDeliverer("http://127.0.0.1:1/hook", secret=SECRET, verify_url=away)
+    assert await quiet.turn_state(WS, SES, "t") == TurnState.RUNNING
+    assert await gone.turn_state(WS, SES, "t") == TurnState.UNKNOWN
+    await quiet.aclose()
+    await gone.aclose()
