@@ -14,7 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
 from ..outbox import Outbox
-from . import bulk, health, overview, prompts, tickets, workspaces
+from . import bulk, health, overview, prompts, tickets, turns, workspaces
 from .answers import AnswerBuffers, AnswerLimits
 from .auth import TokenTable
 from .deadline import Deadline, request_deadline_for
@@ -38,6 +38,7 @@ def create_app(
     count_interval: float = DEFAULT_COUNT_INTERVAL,
     request_deadline: float | None = None,
     api_docs: bool = False,
+    webhook_secret: bytes | None = None,
 ) -> FastAPI:
     """The API over ``outbox``; ``tokens`` decides who may touch which workspace;
     ``streams`` bounds the open event streams (per process, per token), ``answers`` the bytes
@@ -49,8 +50,11 @@ def create_app(
     until a request's answer starts, its body included (503 past it, 408 if the body is what
     is late; ``deadline.request_deadline_for``);
     ``api_docs`` serves Swagger UI and ReDoc at ``/docs`` and ``/redoc`` (off by default:
-    they load their code from a CDN, onto this origin). With a disabled ``tokens`` (no auth),
-    only loopback clients are served (``guard``)."""
+    they load their code from a CDN, onto this origin); ``webhook_secret`` (the webhook
+    deliverer's) lets a receiver end its turns by signature (``turns``; None: by token only).
+    With a disabled ``tokens`` (no auth), only loopback clients are served (``guard``)."""
+    if webhook_secret is not None and not webhook_secret:
+        raise ValueError("an empty webhook secret would check nothing")
     deadline = request_deadline_for(outbox.tunables, request_deadline)
     # No trailing-slash redirects: an empty ID ("/prompts/") is a plain 404, not a 307.
     app = FastAPI(
@@ -63,12 +67,20 @@ def create_app(
     )
     app.state.outbox = outbox  # the routes reach it through params.get_outbox
     app.state.tokens = tokens  # auth.principal reads it
+    app.state.webhook_secret = webhook_secret  # turns.turn_ender checks signed ends with it
     app.state.streams = StreamGate(streams or StreamLimits())  # the events route takes a slot
     # The list and events routes charge what their answers hold.
     app.state.answers = AnswerBuffers(answers or AnswerLimits(), outbox.metrics)
     app.state.accept_rates = AcceptRates(accept_rate or RateLimit())  # the accept takes one
     app.state.entry_counts = EntryCounts(outbox.count_by_status, count_interval)  # /metrics
-    routers = (prompts.router, bulk.router, tickets.router, workspaces.router, overview.router)
+    routers = (
+        prompts.router,
+        turns.router,
+        bulk.router,
+        tickets.router,
+        workspaces.router,
+        overview.router,
+    )
     for router in (*routers, health.router):
         app.include_router(router)
     mount_ui(app)  # the queue page, out of the OpenAPI

@@ -46,6 +46,13 @@ class EditedOut(BaseModel):
     edited: Literal[True] = True
 
 
+class TurnEndOut(BaseModel):
+    """A turn ended (``POST .../turns/{turn}/end``)."""
+
+    ended: Literal[True] = Field(description="the turn was held, and is over now")
+    seconds: float = Field(description="how long the turn lasted")
+
+
 class Retried(BaseModel):
     id: str
     status: Literal["pending"]

@@ -17,11 +17,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @dataclass
 class Delivery:
-    """What the workers call, what verifies ambiguous sends, and how to close them."""
+    """What the workers call, what verifies ambiguous sends, and how to close them;
+    ``webhook_secret``, the webhook's, with which ``serve`` checks a receiver's signed turn ends."""
 
     deliverer: Deliverer
     verifier: Verifier | None
     aclose: Callable[[], Awaitable[None]]
+    webhook_secret: bytes | None = None
 
 
 def delivery_options(command: F) -> F:
@@ -35,7 +37,7 @@ def delivery_options(command: F) -> F:
         click.option(
             "--webhook-verify-url",
             envvar="PROMPT_OUTBOX_WEBHOOK_VERIFY_URL",
-            help="GET ?id= answers delivered / absent",
+            help="GET ?id= answers delivered / absent; GET ?turn= running / ended",
         ),
         click.option(
             "--webhook-secret-env",
@@ -89,8 +91,9 @@ def build_delivery(
         secret = os.environ.get(webhook_secret_env, "")
         if not secret:
             raise click.UsageError(f"--webhook-url needs a signing secret in ${webhook_secret_env}")
-        hook = WebhookDeliverer(webhook_url, secret=secret.encode(), verify_url=webhook_verify_url)
-        return Delivery(hook, hook.verify if webhook_verify_url else None, hook.aclose)
+        key = secret.encode()
+        hook = WebhookDeliverer(webhook_url, secret=key, verify_url=webhook_verify_url)
+        return Delivery(hook, hook.verify if webhook_verify_url else None, hook.aclose, key)
     if opencode:
         try:
             targets = (

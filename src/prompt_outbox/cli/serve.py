@@ -117,11 +117,13 @@ async def run_api(
     head_timeout: float = HEAD_TIMEOUT,
     max_connections: int | None = None,
     readers: Readers | None = None,
+    webhook_secret: bytes | None = None,
 ) -> None:
     """Serve the API until SIGINT / SIGTERM. ``head_timeout`` bounds the seconds a request
     head may take, ``max_connections`` the connections held at once (``cli/heads.py``;
     None: ``streams.per_process`` + ``CONNECTIONS_BEYOND_STREAMS``), ``readers`` what
-    clients that stop reading may hold, and how long (``cli/stalls.py``)."""
+    clients that stop reading may hold, and how long (``cli/stalls.py``); ``webhook_secret``
+    checks a webhook receiver's signed turn ends (``api/turns.py``)."""
     readers = readers or Readers()
     try:
         app = create_app(
@@ -134,6 +136,7 @@ async def run_api(
             count_interval=count_interval,
             request_deadline=request_deadline,
             api_docs=api_docs,
+            webhook_secret=webhook_secret,
         )
     except ValueError as exc:  # a --request-deadline at or under the durability timeout
         raise click.UsageError(str(exc)) from None
@@ -396,6 +399,7 @@ def serve(
                 head_timeout=head_timeout,
                 max_connections=max_connections,
                 readers=readers,
+                webhook_secret=chosen.webhook_secret if chosen else None,
             )
 
     run_on(loop, main)
