@@ -105,3 +105,28 @@ def test_a_signature_made_by_the_ts_helper_verifies_with_the_python_one(built: P
             webhook.verify_signature(
                 b"ts-secret", headers | changed, body.encode(), now=1_700_000_000
             )
+
+
+def test_a_turn_end_signed_by_the_ts_helper_verifies_with_the_python_check(built: Path) -> None:
+    """``signTurnEnd`` and ``turnEndPath`` (a receiver in Node ending its turn) against
+    ``verify_turn_end`` and ``turn_end_path``: the same string, the same path."""
+    turn = "t/\u00e9 1?"
+    script = (
+        "import { signTurnEnd, turnEndPath } from './dist/index.js';"
+        f"const fields = {{workspace: 'acme', session: 's-1', turnId: {json.dumps(turn)}, "
+        "timestamp: 1700000000};"
+        "console.log(JSON.stringify({headers: await signTurnEnd('ts-secret', fields), "
+        "path: turnEndPath('acme', 's-1', fields.turnId)}));"
+    )
+    done = subprocess.run(
+        [str(built), "--input-type=module", "-e", script],
+        cwd=client_types.CLIENT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    now = 1_700_000_000
+    assert webhook.verify_turn_end(b"ts-secret", out["headers"], "acme", "s-1", turn, now=now)
+    assert out["path"] == webhook.turn_end_path("acme", "s-1", turn)
+    for ws, ses, other in (("other", "s-1", turn), ("acme", "s-2", turn), ("acme", "s-1", "t")):
+        with pytest.raises(webhook.WebhookSignatureError):
+            webhook.verify_turn_end(b"ts-secret", out["headers"], ws, ses, other, now=now)

@@ -31,14 +31,19 @@ export type * from "./types.js";
 export type { components, paths, operations } from "./schema.js";
 export {
   DEFAULT_WEBHOOK_TOLERANCE,
+  TURN_END_DOMAIN,
   WEBHOOK_HEADERS,
   WEBHOOK_SCHEME,
   WebhookSignatureError,
+  signTurnEnd,
   signWebhook,
+  turnEndPath,
   verifyWebhook,
 } from "./webhook.js";
 export type {
   SignedDelivery,
+  TurnEndFields,
+  TurnEndHeaders,
   VerifyWebhookOptions,
   WebhookBody,
   WebhookFailure,

@@ -369,6 +369,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/workspaces/{ws}/sessions/{ses}/turns/{turn}/end": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * End Turn
+         * @description End the session's turn ``turn`` (200, how long it lasted): the session's next entry is
+         *     sent at once. 404 ``turn_not_found`` when the session holds no such turn.
+         */
+        post: operations["end_turn_v1_workspaces__ws__sessions__ses__turns__turn__end_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces/{ws}/sweep": {
         parameters: {
             query?: never;
@@ -605,6 +626,23 @@ export interface components {
             expiresIn: number;
             /** Ticket */
             ticket: string;
+        };
+        /**
+         * TurnEndOut
+         * @description A turn ended (``POST .../turns/{turn}/end``).
+         */
+        TurnEndOut: {
+            /**
+             * Ended
+             * @description the turn was held, and is over now
+             * @constant
+             */
+            ended: true;
+            /**
+             * Seconds
+             * @description how long the turn lasted
+             */
+            seconds: number;
         };
         /** WorkspaceOut */
         WorkspaceOut: {
@@ -2289,6 +2327,105 @@ export interface operations {
             };
             /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    end_turn_v1_workspaces__ws__sessions__ses__turns__turn__end_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+                /** @description session ID */
+                ses: string;
+                /** @description the turn ID the deliverer handed back: 1-200 printable characters, percent-encoded (a '/' as %2F) */
+                turn: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TurnEndOut"];
+                };
+            };
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token; for a signed end (X-Prompt-Outbox-Signature), missing_header / malformed_header / stale_timestamp / bad_signature, or unauthorized when the server holds no webhook secret */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description turn_not_found: the session holds no such turn (an unknown ID, or a turn that ended already) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -1,7 +1,9 @@
 /**
  * The receiving end of prompt-outbox's webhook deliverer: `verifyWebhook` checks a delivery's
- * signature (scheme `v2`), `signWebhook` makes one (for a receiver's own tests). Web Crypto
- * only (`crypto.subtle`), so it runs in Node 20+, browsers, Deno and edge runtimes.
+ * signature (scheme `v2`), `signWebhook` makes one (for a receiver's own tests), and
+ * `signTurnEnd` / `turnEndPath` end a turn the receiver handed back (a 202 with
+ * `{"turn": id}`). Web Crypto only (`crypto.subtle`), so it runs in Node 20+, browsers, Deno
+ * and edge runtimes.
  *
  * The signature is `v2=<hex HMAC-SHA256>` of the canonical string
  * `"v2\n<timestamp>\n<workspace>\n<session>\n<entry id>\n"` followed by the raw body bytes:
@@ -164,7 +166,74 @@ export async function signWebhook(secret: string | Uint8Array, fields: WebhookFi
   if (bad) throw new RangeError(`${bad} must match [A-Za-z0-9._-]{1,128}, got ${JSON.stringify(fields[bad])}`);
   const key = await hmacKey(secret, "sign");
   const mac = await crypto.subtle.sign("HMAC", key, signedBytes(fields, String(fields.timestamp)));
-  return `${WEBHOOK_SCHEME}=${[...new Uint8Array(mac)].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+  return `${WEBHOOK_SCHEME}=${toHex(new Uint8Array(mac))}`;
+}
+
+/** What `signTurnEnd` signs: the turn a receiver handed back (a 202 with `{"turn": id}`). */
+export interface TurnEndFields {
+  workspace: string;
+  session: string;
+  /** The turn ID: 1-200 printable characters. */
+  turnId: string;
+  /** Unix seconds (default: the clock). */
+  timestamp?: number;
+}
+
+/** The headers that end a turn by signature, lower case (POST them, no body, to `turnEndPath`). */
+export interface TurnEndHeaders {
+  "x-prompt-outbox-timestamp": string;
+  "x-prompt-outbox-signature": string;
+}
+
+/** The first line of a turn end's signed string (a delivery's is `v2`): one never verifies as the other. */
+export const TURN_END_DOMAIN = "v2-turn-end";
+
+// Python's str.isprintable: no control, format, surrogate, private-use, unassigned or separator
+// character but the space. The server (that Python) has the last word.
+const PRINTABLE = /^(?:[^\p{C}\p{Z}]| )+$/u;
+const TURN_ID_MAX = 200;
+
+/**
+ * The headers that end a turn a receiver handed back, signed with the webhook secret: the HMAC
+ * of `"v2-turn-end\n<timestamp>\n<workspace>\n<session>\n<turn id>"` (the Python
+ * `turn_end_headers`' string). POST them to the service at `turnEndPath(...)`; 200 `{ended,
+ * seconds}`, 404 `turn_not_found` once it is over. Rejects with a `RangeError` for an ID off its
+ * rule.
+ *
+ * ```ts
+ * const headers = await signTurnEnd(secret, { workspace, session, turnId });
+ * await fetch(base + turnEndPath(workspace, session, turnId), { method: "POST", headers });
+ * ```
+ */
+export async function signTurnEnd(secret: string | Uint8Array, fields: TurnEndFields): Promise<TurnEndHeaders> {
+  const timestamp = fields.timestamp ?? Math.floor(Date.now() / 1000);
+  if (!Number.isSafeInteger(timestamp) || timestamp < 0) {
+    throw new RangeError(`timestamp must be whole Unix seconds, got ${timestamp}`);
+  }
+  const { workspace, session, turnId } = checkTurn(fields.workspace, fields.session, fields.turnId);
+  const key = await hmacKey(secret, "sign");
+  const message = encoder.encode(`${TURN_END_DOMAIN}\n${timestamp}\n${workspace}\n${session}\n${turnId}`);
+  const mac = await crypto.subtle.sign("HMAC", key, message);
+  return {
+    [WEBHOOK_HEADERS.timestamp]: String(timestamp),
+    [WEBHOOK_HEADERS.signature]: `${WEBHOOK_SCHEME}=${toHex(new Uint8Array(mac))}`,
+  } as TurnEndHeaders;
+}
+
+/** The path that ends a turn, `/v1/workspaces/{ws}/sessions/{ses}/turns/{turn}/end`, the turn ID percent-encoded. */
+export function turnEndPath(workspace: string, session: string, turnId: string): string {
+  const ids = checkTurn(workspace, session, turnId);
+  return `/v1/workspaces/${ids.workspace}/sessions/${ids.session}/turns/${encodeURIComponent(ids.turnId)}/end`;
+}
+
+function checkTurn(workspace: string, session: string, turnId: string): Required<Omit<TurnEndFields, "timestamp">> {
+  for (const [name, id] of [["workspace", workspace], ["session", session]] as const) {
+    if (!ID.test(id)) throw new RangeError(`${name} must match [A-Za-z0-9._-]{1,128}, got ${JSON.stringify(id)}`);
+  }
+  if ([...turnId].length > TURN_ID_MAX || !PRINTABLE.test(turnId)) {
+    throw new RangeError(`a turn ID is 1-${TURN_ID_MAX} printable characters, got ${JSON.stringify(turnId.slice(0, 80))}`);
+  }
+  return { workspace, session, turnId };
 }
 
 /** The first of the three IDs off its pattern: a newline in one would make the string ambiguous. */
@@ -221,6 +290,10 @@ function copy(bytes: Uint8Array): Uint8Array<ArrayBuffer> {
   const out = new Uint8Array(bytes.length);
   out.set(bytes);
   return out;
+}
+
+function toHex(bytes: Uint8Array): string {
+  return [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 function fromHex(hex: string): Uint8Array<ArrayBuffer> {

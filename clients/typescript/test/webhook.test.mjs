@@ -6,9 +6,12 @@ import { after, before, test } from "node:test";
 import {
   DEFAULT_WEBHOOK_TOLERANCE,
   OutboxClient,
+  TURN_END_DOMAIN,
   WEBHOOK_HEADERS,
   WebhookSignatureError,
+  signTurnEnd,
   signWebhook,
+  turnEndPath,
   verifyWebhook,
 } from "../dist/index.js";
 import { FAST, TOKEN, WS, delivered, stack } from "./harness.mjs";
@@ -146,6 +149,31 @@ test("signWebhook refuses what would make the signed string ambiguous", async ()
   for (const bad of [{ workspace: "a\nb" }, { entryId: "" }, { timestamp: 1.5 }, { timestamp: -1 }]) {
     await assert.rejects(signWebhook(SECRET, { ...fields, ...bad }), RangeError);
   }
+});
+
+test("signTurnEnd signs the Python turn-end string: the same vector; turnEndPath encodes the ID", async () => {
+  const turnId = "turn/1 \u00e9";
+  // The Python test's vector (tests/test_webhook_signature.py, TURN_VECTOR).
+  const want = "v2=79270cb04fb7628a590286dd29a357b6b9336a233a516bc146a397cef1d91c12";
+  const signed = await signTurnEnd(SECRET, { workspace: "acme", session: "chat-1", turnId, timestamp: T });
+  assert.deepEqual(signed, { [WEBHOOK_HEADERS.timestamp]: String(T), [WEBHOOK_HEADERS.signature]: want });
+  assert.equal(TURN_END_DOMAIN, "v2-turn-end");
+  // Its own domain: never a delivery's signature for an entry of that name with an empty body.
+  const delivery = await signWebhook(SECRET, { timestamp: T, workspace: "acme", session: "chat-1", entryId: "e1", body: "" });
+  const asEnd = await signTurnEnd(SECRET, { workspace: "acme", session: "chat-1", turnId: "e1", timestamp: T });
+  assert.notEqual(asEnd[WEBHOOK_HEADERS.signature], delivery);
+  const now = await signTurnEnd(SECRET, { workspace: "acme", session: "chat-1", turnId });
+  assert.ok(Math.abs(Number(now[WEBHOOK_HEADERS.timestamp]) - Date.now() / 1000) < 60);
+  assert.equal(
+    turnEndPath("acme", "chat-1", "a/b?c=d%e f#\u00e9"),
+    "/v1/workspaces/acme/sessions/chat-1/turns/a%2Fb%3Fc%3Dd%25e%20f%23%C3%A9/end",
+  );
+  for (const bad of ["", "t".repeat(201), "a\nb", "a\u0000", "\ud800"]) {
+    assert.throws(() => turnEndPath("acme", "chat-1", bad), RangeError);
+    await assert.rejects(signTurnEnd(SECRET, { workspace: "acme", session: "chat-1", turnId: bad }), RangeError);
+  }
+  assert.throws(() => turnEndPath("ac/me", "chat-1", "t"), RangeError);
+  await assert.rejects(signTurnEnd(SECRET, { workspace: "acme", session: "chat-1", turnId: "t", timestamp: 1.5 }), RangeError);
 });
 
 // ---------------------------------------------------------------- a real serve's deliveries
