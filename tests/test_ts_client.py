@@ -74,6 +74,16 @@ def test_the_node_tests_pass_against_a_real_serve(built: Path) -> None:
     assert run.count("fail") == 0 and run.count("pass") >= 20, f"too few tests ran:\n{tail}"
 
 
+def run_module(node: Path, script: str) -> str:
+    """What an ES module ``script`` run by ``node`` in the client's folder prints."""
+    done = subprocess.run(
+        [str(node), "--input-type=module", "-e", script],
+        cwd=client_types.CLIENT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def test_a_signature_made_by_the_ts_helper_verifies_with_the_python_one(built: Path) -> None:
     """The other half of clients/typescript/test/webhook.test.mjs (where the Python deliverer's
     real deliveries verify with ``verifyWebhook``): ``signWebhook`` signs, Python verifies."""
@@ -85,12 +95,7 @@ def test_a_signature_made_by_the_ts_helper_verifies_with_the_python_one(built: P
         f"fields.body = {json.dumps(body)};"
         "console.log(await signWebhook('ts-secret', fields));"
     )
-    done = subprocess.run(
-        [str(built), "--input-type=module", "-e", script],
-        cwd=client_types.CLIENT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    signature = done.stdout.strip()
+    signature = run_module(built, script)
     headers = {
         webhook.SIGNATURE_HEADER: signature,
         webhook.TIMESTAMP_HEADER: "1700000000",
@@ -118,12 +123,7 @@ def test_a_turn_end_signed_by_the_ts_helper_verifies_with_the_python_check(built
         "console.log(JSON.stringify({headers: await signTurnEnd('ts-secret', fields), "
         "path: turnEndPath('acme', 's-1', fields.turnId)}));"
     )
-    done = subprocess.run(
-        [str(built), "--input-type=module", "-e", script],
-        cwd=client_types.CLIENT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    out = json.loads(run_module(built, script))
     now = 1_700_000_000
     assert webhook.verify_turn_end(b"ts-secret", out["headers"], "acme", "s-1", turn, now=now)
     assert out["path"] == webhook.turn_end_path("acme", "s-1", turn)
