@@ -8,7 +8,6 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import datetime
 
 from .admin import Admin
@@ -20,12 +19,14 @@ from .core.callbacks import (
     Hook,
     LedgerProbe,
     RetryResult,
+    TurnEnd,
+    TurnWatcher,
     Verifier,
     Wiring,
 )
-from .core.entry import Entry, Status, decode_entry
+from .core.entry import Entry, decode_entry
 from .core.errors import Duplicate, NotDurable
-from .core.events import QueueEvent, QueueReset, missed_events, parse_event_id
+from .core.events import QueueEvent, QueueReset, missed_events, parse_event_id, queue_event
 from .core.keys import check_client_message_id, session_keys
 from .core.metrics import Metrics
 from .core.settings import Tunables
@@ -39,7 +40,7 @@ from .core.validate import (
     payload_fingerprint,
 )
 from .delivery.engine import Engine
-from .delivery.lease import held_for
+from .delivery.lease import listed
 from .delivery.maintenance import Maintenance
 from .delivery.runloop import RunLoop, Wakeups
 from .delivery.tasks import Detached
@@ -238,22 +239,14 @@ class Outbox:
         return entry
 
     def _listed(self, snap: Snapshot) -> list[Entry]:
-        entries = [decode_entry(raw) for raw in (*snap.staging, *snap.queue)]
-        if not snap.locked:
-            return entries
-        held = held_for(snap.lock_value, snap.lock_pttl_ms, self._clock(), self.tunables.lock_ttl)
-        return [
-            replace(e, blocked_by_in_flight=True, in_flight_for=held)
-            if e.status is Status.PENDING
-            else e
-            for e in entries
-        ]
+        return listed(snap, self._clock(), self.tunables.lock_ttl)
 
     async def list(self, workspace_id: str, session_id: str) -> list[Entry]:
         """The session's entries in FIFO order: staged (delivering) first, then the queue.
 
         While the session lock is held, pending entries carry ``blocked_by_in_flight`` and
-        ``in_flight_for`` (seconds the hold has lasted): "sending..." versus "frozen".
+        ``in_flight_for`` (seconds the hold has lasted): "sending..." versus "frozen"; while
+        the agent's turn on a delivered entry goes on, also ``in_turn_for``.
         """
         return self._listed(await self._store.snapshot(session_keys(workspace_id, session_id)))
 
@@ -297,9 +290,7 @@ class Outbox:
                 if not batch:
                     yield None
                 for event_id, fields in batch:
-                    raw = fields.get("entry", "")
-                    entry = decode_entry(raw) if raw else None
-                    yield QueueEvent(event_id, fields.get("kind", ""), fields.get("id", ""), entry)
+                    yield queue_event(event_id, fields)
 
     async def ping(self) -> bool:
         """True when Valkey answers (readiness); raises the client's error when it does not."""
@@ -340,7 +331,7 @@ class Outbox:
         try:
             yield
         finally:
-            await loop.stop()
+            await self._stop(loop, deliverer)
         loop.raise_failure()  # a loop that died of a bug says so here, not silently
 
     async def run(self, deliverer: Deliverer, tick: float = 1.0) -> None:
@@ -351,9 +342,17 @@ class Outbox:
         try:
             await loop.wait()
         finally:
-            await loop.stop()
+            await self._stop(loop, deliverer)
+
+    @staticmethod
+    async def _stop(loop: RunLoop, deliverer: Deliverer) -> None:
+        await loop.stop()
+        if isinstance(deliverer, TurnWatcher):
+            deliverer.watch_turns(None)
 
     def _run_loop(self, deliverer: Deliverer, tick: float) -> RunLoop:
+        if isinstance(deliverer, TurnWatcher):  # its agent's reports end turns from now on
+            deliverer.watch_turns(self.end_turn)
         return RunLoop(
             store=self._store,
             engine=self._engine,
@@ -365,6 +364,11 @@ class Outbox:
             deliverer=deliverer,
             tick=tick,
         )
+
+    async def end_turn(self, workspace_id: str, session_id: str, turn_id: str) -> TurnEnd:
+        """End the session's turn of that ID (DESIGN.md §8): its next entry is then sent.
+        ``ended`` False when it holds no such turn (unknown, or over: a second call is fine)."""
+        return await self._engine.turns.end(session_keys(workspace_id, session_id), turn_id)
 
     async def recover(self) -> int:
         """Requeue staged entries left by a crash as verifying, at their session's head.
@@ -394,10 +398,9 @@ class Outbox:
     ) -> EditResult:
         """Replace the text or the model (raw JSON text; ``"null"`` removes it; None leaves
         either as it is) of a pending or error entry before it is sent. An error entry stays
-        in error until it is retried. BUSY while the session lock is held; NOT_EDITABLE once
-        the entry is staged, verifying or parked; NOT_FOUND if absent. Emits ``edited``.
-        Bad input raises InvalidInput, as accept's does (so does an edit of neither), and so
-        do accept's StorageFull and WorkspaceLogsFull: an edit logs the whole entry again."""
+        in error until retried. BUSY while the session lock is held; NOT_EDITABLE once staged,
+        verifying or parked; NOT_FOUND if absent. Emits ``edited``. Raises accept's InvalidInput
+        (an edit of neither too), StorageFull and WorkspaceLogsFull."""
         return await self._admin.edit(workspace_id, session_id, entry_id, text, model)
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
@@ -418,18 +421,15 @@ class Outbox:
         return await self._admin.sweep_workspace_unverifiable(workspace_id)
 
     async def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
-        """Settle the workspace's error entries against the ledger probe (no-op without one).
-
-        Delivered (PROMOTED / TURN_ENDED) completes the entry and fires OnDelivered; no row (or
-        FAILED) re-arms it as pending; anything else, or a probe error, leaves it. Entries that
-        failed definitively ``max_attempts`` times are not asked about. Returns how many settled.
-        """
+        """Settle the workspace's error entries against the ledger probe (no-op without one):
+        delivered (PROMOTED / TURN_ENDED) completes one and fires OnDelivered; no row (or FAILED)
+        re-arms it; anything else, or a probe error, leaves it. Entries that failed definitively
+        ``max_attempts`` times are not asked about. Returns how many settled."""
         return await self._admin.sweep_workspace_parked_errors(workspace_id)
 
     async def retry_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
         """Re-arm every error entry of the session (of every session of the workspace, when
-        none is named) that no delivery holds; held sessions are skipped and named in
-        ``busy`` (try again). Error entries are found through the workspace's errors index.
+        none is named) that no delivery holds; held sessions are named in ``busy`` (try again).
         ``WorkspaceLogsFull`` as ``retry``: the sessions re-armed before it stay so."""
         return await self._admin.retry_errors(workspace_id, session_id)
 

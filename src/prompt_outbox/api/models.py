@@ -35,6 +35,11 @@ class EntryOut(BaseModel):
     status: Literal["pending", "delivering", "verifying", "error", "parked"]
     blockedByInFlight: bool | None = None
     inFlightFor: int | None = Field(default=None, description="nanoseconds the lock is held")
+    inTurnFor: int | None = Field(
+        default=None,
+        description="nanoseconds the session has been in turn: the agent works on a delivered "
+        "prompt, and this entry waits for the turn to end",
+    )
 
 
 class EntryList(BaseModel):

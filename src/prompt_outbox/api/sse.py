@@ -59,8 +59,10 @@ def item_pieces(item: QueueEvent | QueueReset, entries: Iterable[Entry]) -> Iter
     if isinstance(item, QueueReset):
         return framed(item.event_id, "queue.reset", list_pieces(entries, SLICE))
     head = f'{{"kind":{json.dumps(item.kind)},"id":{json.dumps(item.entry_id)},"entry":'
-    if item.entry is None:
-        data: Iterable[str] = (head, "null}")
+    if item.turn is not None:
+        data: Iterable[str] = (head, f'null,"turn":{item.turn.to_json()}}}')
+    elif item.entry is None:
+        data = (head, "null}")
     else:
         pieces = entry_pieces(item.entry, with_list_fields=False, size=SLICE)
         data = itertools.chain((head,), pieces, ("}",))

@@ -30,7 +30,8 @@ class Entry:
     """One accepted prompt. Attributes are the seed's fields in snake_case.
 
     ``model`` is the caller's raw JSON text, stored and returned unchanged. ``blocked_by_in_flight``
-    and ``in_flight_for`` (seconds) are set by ``Outbox.list`` only and never stored.
+    and ``in_flight_for`` (seconds) are set by ``Outbox.list`` only and never stored; so is
+    ``in_turn_for``, on entries waiting for the agent's turn on a delivered one to end.
     """
 
     id: str
@@ -48,6 +49,7 @@ class Entry:
     last_error: str = ""
     blocked_by_in_flight: bool = field(default=False, compare=False)
     in_flight_for: float = field(default=0.0, compare=False)
+    in_turn_for: float = field(default=0.0, compare=False)
 
     def to_json(self) -> str:
         """The stored form: the seed's field names, ``model`` spliced in as raw JSON."""
@@ -101,6 +103,8 @@ def _tail(e: Entry, with_list_fields: bool) -> str:
         parts.append('"blockedByInFlight":true')
     if with_list_fields and e.in_flight_for:
         parts.append(f'"inFlightFor":{round(e.in_flight_for * 1e9)}')
+    if with_list_fields and e.in_turn_for:
+        parts.append(f'"inTurnFor":{round(e.in_turn_for * 1e9)}')
     return ",".join(parts)
 
 

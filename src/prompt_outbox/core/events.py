@@ -7,25 +7,44 @@ Every transition script appends its event to a capped per-session stream in the 
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .entry import Entry
+from .entry import Entry, decode_entry
 from .errors import InvalidEventId
+from .turns import ENDED, decode_turn
 
 _EVENT_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")  # ASCII only: \d takes any digits
 _MAX_PART = 2**64 - 1  # a stream ID's parts are unsigned 64-bit: Valkey refuses the rest
 
 
 @dataclass(frozen=True, slots=True)
+class TurnNews:
+    """A ``turn`` event (a delivery's turn began) or ``turn_ended`` (with how long it lasted
+    and why it ended: ``ended``, ``ceiling``, ``unreachable``; core/turns.py)."""
+
+    turn: str
+    seconds: float = 0.0
+    why: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.turn, "seconds": self.seconds, "why": self.why})
+
+
+@dataclass(frozen=True, slots=True)
 class QueueEvent:
     """One change of one entry. ``kind`` is ``accepted``, ``sent`` (delivered and gone),
-    ``dismissed``, or the entry's new status; ``entry`` is its new state, None once gone."""
+    ``dismissed``, or the entry's new status; ``entry`` is its new state, None once gone.
+    ``turn`` and ``turn_ended`` (the entry delivered, its agent turn began / ended) carry
+    ``turn`` and no entry."""
 
     event_id: str
     kind: str
     entry_id: str
     entry: Entry | None
+    turn: TurnNews | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +97,19 @@ def missed_events(after: str, log: EventLogState, ttl_ms: int) -> bool:
     if (ms, seq) > parse_event_id(log.last):
         return True  # a position the log never reached (made up): from there it would skip
     return (ms, seq) < parse_event_id(log.first)  # its position was trimmed away
+
+
+def queue_event(event_id: str, fields: Mapping[str, str]) -> QueueEvent:
+    """A logged event (lib.lua ``emit``'s fields) as ``watch`` yields it."""
+    kind, entry_id, raw = fields.get("kind", ""), fields.get("id", ""), fields.get("entry", "")
+    if kind == "turn":
+        hold = decode_turn(raw)
+        return QueueEvent(event_id, kind, entry_id, None, TurnNews(hold.turn if hold else ""))
+    if kind == "turn_ended":
+        try:
+            ended = json.loads(raw)
+            news = TurnNews(str(ended["turn"]), float(ended["seconds"]), str(ended["why"]))
+        except (ValueError, TypeError, KeyError):
+            news = TurnNews("", 0.0, ENDED)
+        return QueueEvent(event_id, kind, entry_id, None, news)
+    return QueueEvent(event_id, kind, entry_id, decode_entry(raw) if raw else None)

@@ -15,6 +15,7 @@ __all__ = ["CONTENT_TYPE", "Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _DELIVERY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_TURN_BUCKETS = (1.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0, 7200.0)
 
 
 class Metrics:
@@ -126,6 +127,28 @@ class Metrics:
             "prompt_outbox_accept_to_delivered_seconds",
             "From accept to confirmed delivery.",
             buckets=_DELIVERY_BUCKETS,
+            registry=r,
+        )
+        # Turns (DESIGN.md §8): held by no worker, so counted where they begin and end.
+        self.turns_started = Counter(
+            "prompt_outbox_turns_started", "Deliveries whose agent turn went on.", registry=r
+        )
+        self.turns_ended = Counter(
+            "prompt_outbox_turns_ended",
+            "Turns ended, by why: ended (the agent said so), ceiling, unreachable.",
+            ["why"],
+            registry=r,
+        )
+        self.turn_seconds = Histogram(
+            "prompt_outbox_turn_seconds",
+            "How long a turn lasted, from its send to its end.",
+            buckets=_TURN_BUCKETS,
+            registry=r,
+        )
+        self.turn_checks = Counter(
+            "prompt_outbox_turn_checks",
+            "Turns checked with the agent (nobody heard them end), by what it said.",
+            ["state"],
             registry=r,
         )
         self.entries = Gauge(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..core import machine
-from ..core.callbacks import Aborter, Deliverer, Hook, Verdict, Wiring
+from ..core.callbacks import Aborter, Deliverer, Hook, Turn, TurnWatcher, Verdict, Wiring
 from ..core.entry import Entry, Status, decode_entry
 from ..core.failpoints import CrashPoint, reached
 from ..core.keys import SessionKeys
@@ -29,6 +29,7 @@ from ..storage.store import TRANSIENT_ERRORS, Store, notice_member
 from .forgets import Forgets
 from .lease import Kept, new_lock_value
 from .tasks import never
+from .turns import Turns
 
 log = logging.getLogger("prompt_outbox")
 T = TypeVar("T")
@@ -39,7 +40,8 @@ class Step(enum.Enum):
 
     ACTED = "acted"  # an attempt, a verification pass or a recovery; the lock is still held
     NONE = "none"  # nothing due; the lock is released
-    BUSY = "busy"  # another holder has the session
+    BUSY = "busy"  # another holder has the session, or its turn goes on
+    TURN = "turn"  # the delivery's turn goes on: the lock is the turn's now, not the drain's
 
 
 @dataclass(slots=True)
@@ -77,6 +79,7 @@ class Engine:
         self.wiring = wiring
         self.forgets = Forgets(store, self._bookkeep)
         self.in_flight: dict[tuple[str, str], InFlight] = {}  # by (ws, ses)
+        self.turns = Turns(store, tunables, metrics, self.now_ms, self._bookkeep)
 
     def now_ms(self) -> int:
         return to_ms(self.clock())
@@ -125,6 +128,10 @@ class Engine:
             got = await self.store.acquire(k, hold.lockval, self.lease_ms, self.now_ms())
         if got.kind is Acquire.BUSY:
             return Step.BUSY
+        if got.kind is Acquire.TURN:
+            await self._forget_ran(k, hold)
+            ended = await self.turns.check(k, got.entries[0], deliverer)
+            return Step.ACTED if ended else Step.BUSY  # ended: the next entry may go
         if not got.holds_lock:
             return Step.NONE
         if got.kind is Acquire.STAGED:
@@ -136,15 +143,13 @@ class Engine:
         raw = got.entries[0]
         entry = decode_entry(raw)
         if entry.status is Status.PENDING:
-            await self._send(k, hold, raw, entry, deliverer)
-        else:
-            await self._forget_ran(k, hold)
-            await self._verify(k, hold, raw, entry)
-        return Step.ACTED
+            return await self._send(k, hold, raw, entry, deliverer)
+        await self._forget_ran(k, hold)
+        return await self._verify(k, hold, raw, entry, deliverer)
 
     async def _send(
         self, k: SessionKeys, hold: Hold, raw: str, entry: Entry, deliverer: Deliverer
-    ) -> None:
+    ) -> Step:
         lockval = hold.lockval
         staged = machine.staged(entry, self.clock())
         staged_raw = staged.to_json()
@@ -156,14 +161,14 @@ class Engine:
             hold.ran = ran
             raise
         if wrote is not Write.OK:
-            return
+            return Step.ACTED
         reached(CrashPoint.AFTER_STAGE)
         await self._fire(self.wiring.on_staged, "on_staged", k, staged)
         started = time.perf_counter()
         flight = self.in_flight[(k.ws, k.ses)] = InFlight(staged.id, deliverer)
         try:
             async with self.lease(k, lockval):
-                failure = await self._bounded(deliverer(k.ws, k.ses, staged))
+                turn, failure = await self._bounded(deliverer(k.ws, k.ses, staged))
         finally:
             if self.in_flight.get((k.ws, k.ses)) is flight:
                 del self.in_flight[(k.ws, k.ses)]
@@ -172,8 +177,7 @@ class Engine:
         outcome = machine.classify(failure)
         self.metrics.attempts.labels(outcome=outcome.value).inc()
         if failure is None:
-            await self.claim(k, lockval, staged, "send", hold, raw=staged_raw)
-            return
+            return await self._claim_sent(k, hold, staged, "send", staged_raw, turn)
         new = machine.after_send_failure(
             staged, failure, self.clock(), self.tunables, verifier=self.wiring.verifier is not None
         )
@@ -193,14 +197,38 @@ class Engine:
             lambda: self.store.restore(k, lockval, staged_raw, new.to_json(), self.now_ms()),
         )
         reached(CrashPoint.AFTER_RESTORE)
+        return Step.ACTED
 
-    async def _verify(self, k: SessionKeys, hold: Hold, raw: str, entry: Entry) -> None:
+    async def _claim_sent(
+        self, k: SessionKeys, hold: Hold, entry: Entry, via: str, raw: str, turn: object
+    ) -> Step:
+        """Claim an entry the agent has; with a turn (a ``Turn`` the deliverer returned, or
+        a verified send of a deliverer that watches turns), the lock goes to the turn."""
+        if isinstance(turn, Turn):
+            held = self.turns.hold(turn.id, entry.id, check_now=via == "verify")
+        elif turn is not None:
+            log.warning(
+                "the deliverer returned %r, not a Turn or None: no turn held",
+                type(turn).__name__,
+                extra={"ws": k.ws, "ses": k.ses, "entry": entry.id},
+            )
+            held = None
+        else:
+            held = None
+        claimed = await self.claim(k, hold.lockval, entry, via, hold, raw=raw, turn=held)
+        if claimed and held is not None and via == "verify":
+            await self.store.due.mark(k.ws, self.now_ms())  # its check is due now
+        return Step.TURN if held is not None else Step.ACTED
+
+    async def _verify(
+        self, k: SessionKeys, hold: Hold, raw: str, entry: Entry, deliverer: Deliverer
+    ) -> Step:
         lockval = hold.lockval
         verifier = self.wiring.verifier
         if verifier is None:
             self.metrics.failed.inc()
             await self.swap(k, lockval, raw, machine.no_verifier(entry))
-            return
+            return Step.ACTED
         verdict, reason = Verdict.INCONCLUSIVE, "verifier gave no answer"
         async with self.lease(k, lockval):
             try:
@@ -211,14 +239,16 @@ class Engine:
         reached(CrashPoint.AFTER_VERIFY)
         self.metrics.verified.labels(verdict=verdict.name.lower()).inc()
         if verdict is Verdict.DELIVERED:
-            await self.claim(k, lockval, entry, "verify", hold, raw=raw)
-            return
+            # Its turn may go on: one who watches turns is asked at once (named by the entry).
+            turn = Turn(entry.id) if isinstance(deliverer, TurnWatcher) else None
+            return await self._claim_sent(k, hold, entry, "verify", raw, turn)
         if verdict is Verdict.ABSENT:
             new = machine.after_absent(entry, self.clock(), self.tunables)
         else:
             new = machine.after_inconclusive(entry, reason, self.clock(), self.tunables)
         self._count_rescheduled(new, verdict.name.lower())
         await self.swap(k, lockval, raw, new)
+        return Step.ACTED
 
     def _count_rescheduled(self, new: Entry, reason: str) -> None:
         if new.status is Status.ERROR:
@@ -237,19 +267,22 @@ class Engine:
         hold: Hold | None = None,
         *,
         raw: str | None = None,
+        turn: tuple[str, int] | None = None,
     ) -> bool:
         """Complete the entry; True (and OnDelivered fired) if this call claimed it. With a
         hook wired, the claim also records the OnDelivered call it owes (see ``notify``).
         Within a drain (``hold``) that takes another step, the claim also answers that step.
-        ``raw``: the entry's stored JSON, when the caller has it (else it is encoded)."""
+        ``raw``: the entry's stored JSON, when the caller has it (else it is encoded).
+        ``turn``: the value and expiry of the turn the session is held in from now on."""
         grace_ms = round(self.tunables.hook_retry_after * 1000) if self.wiring.on_delivered else 0
-        next_ms = self.lease_ms if hold is not None and hold.want_next else 0
+        next_ms = self.lease_ms if hold is not None and hold.want_next and not turn else 0
+        value, turn_ms = turn or ("", 0)
         if raw is None:
             raw = entry.to_json()
         claimed = await self._bookkeep(
             "complete",
             lambda: self.store.complete(
-                k, raw, entry.id, lockval, self.now_ms(), grace_ms, next_ms
+                k, raw, entry.id, lockval, self.now_ms(), grace_ms, next_ms, value, turn_ms
             ),
         )
         if claimed is None or claimed.claim is not Claim.CLAIMED:
@@ -321,21 +354,20 @@ class Engine:
         if not isinstance(flight.deliverer, Aborter):
             self.metrics.aborts.labels(outcome="unsupported").inc()
             return
-        failure = await self._bounded(flight.deliverer.abort(ws, ses))
+        _, failure = await self._bounded(flight.deliverer.abort(ws, ses))
         self.metrics.aborts.labels(outcome="failed" if failure else "asked").inc()
         log.info(
             "abort of the turn in flight asked",
             extra={"ws": ws, "ses": ses, "entry": entry_id, "error": repr(failure or "")},
         )
 
-    async def _bounded(self, call: Awaitable[None]) -> BaseException | None:
-        """Await a deliverer under delivery_timeout; what it raised, or None on success."""
+    async def _bounded(self, call: Awaitable[T]) -> tuple[T | None, BaseException | None]:
+        """Await a deliverer under delivery_timeout: what it returned, or what it raised."""
         try:
             async with asyncio.timeout(self.tunables.delivery_timeout):
-                await call
+                return await call, None
         except Exception as exc:
-            return exc
-        return None
+            return None, exc
 
     async def _bookkeep(self, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
         """Retry a post-send write through a short Valkey outage. None if it never landed:
@@ -379,7 +411,7 @@ class Engine:
         """Recover one session's staging if nobody holds it; the number of entries requeued."""
         lockval = self.lock_value()
         got = await self.store.acquire(k, lockval, self.lease_ms, self.now_ms())
-        if got.kind is Acquire.BUSY:
+        if got.kind in (Acquire.BUSY, Acquire.TURN):
             log.info("recover skipped a busy session", extra={"ws": k.ws, "ses": k.ses})
             return 0
         try:

@@ -8,10 +8,14 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
+from ..core.entry import Entry, Status, decode_entry
 from ..core.keys import SessionKeys
 from ..core.timeutil import to_ms
+from ..core.turns import decode_turn
+from ..storage.replies import Snapshot
 from ..storage.store import TRANSIENT_ERRORS, Store
 
 log = logging.getLogger("prompt_outbox.delivery")
@@ -30,6 +34,28 @@ def held_for(lock_value: str, pttl_ms: int, now: datetime, lock_ttl: float) -> f
     if since.isdigit():
         return max(0.0, (to_ms(now) - int(since)) / 1000)
     return max(0.0, lock_ttl - pttl_ms / 1000)
+
+
+def listed(snap: Snapshot, now: datetime, lock_ttl: float) -> list[Entry]:
+    """``Outbox.list``'s entries: while the session is held (a delivery's lock, or a turn),
+    pending entries carry ``blocked_by_in_flight`` and ``in_flight_for`` (seconds the hold has
+    lasted), and in turn also ``in_turn_for``: "sending..." or "the agent is working" versus
+    "frozen"."""
+    entries = [decode_entry(raw) for raw in (*snap.staging, *snap.queue)]
+    lock_value = snap.lock_value
+    if not lock_value:
+        return entries
+    turn = decode_turn(lock_value)
+    if turn is not None:
+        held = in_turn = turn.seconds(to_ms(now))
+    else:
+        held, in_turn = held_for(lock_value, snap.lock_pttl_ms, now, lock_ttl), 0.0
+    return [
+        replace(e, blocked_by_in_flight=True, in_flight_for=held, in_turn_for=in_turn)
+        if e.status is Status.PENDING
+        else e
+        for e in entries
+    ]
 
 
 class Kept:

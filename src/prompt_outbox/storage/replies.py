@@ -138,6 +138,7 @@ class Acquire(enum.Enum):
     HEAD = "head"  # the head is due (lock held)
     WAIT = "wait"  # the head is not due yet (lock released)
     IDLE = "idle"  # nothing blocks (lock released)
+    TURN = "turn"  # in turn, its check due: the caller asks the agent (no lock taken)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +219,13 @@ class Held(enum.Enum):
 
     OK = "ok"
     LOST = "lost"
+
+
+class TurnWrite(enum.Enum):
+    """turn_end.lua and turn_check.lua: whether the turn the caller named was still held."""
+
+    OK = "ok"
+    GONE = "gone"
 
 
 class Lock(enum.Enum):

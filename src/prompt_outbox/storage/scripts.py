@@ -29,6 +29,8 @@ NAMES = (
     "unmark",
     "notified",
     "take_notices",
+    "turn_end",
+    "turn_check",
 )
 
 MARKED = ("accept", "replace", "seed")

@@ -21,9 +21,10 @@
                first accept too. 0: a duplicate writes nothing.
     ARGV[7]    this accept's payload fingerprint (text and model)
     ARGV[8]    whileBusy: 'enqueue' behind what the session holds; 'reject': refuse when
-               the session holds a pending, delivering or verifying entry; 'interrupt':
-               enqueue, and name the entry being delivered (staged), whose turn the caller
-               asks the deliverer to abort
+               the session holds a pending, delivering or verifying entry, or is in turn;
+               'interrupt': enqueue, and name the entry being delivered (staged), whose turn
+               the caller asks the deliverer to abort; in turn, name the turn's entry and
+               ask the abort of its next check, made due now
     ARGV[9]    workspace cap: entries allowed over all the workspace's sessions (the total
                of KEYS[8], which every session script keeps exact)
     ARGV[10]   1: the node's memory is at the accept ceiling (storage/memory.py read it):
@@ -65,7 +66,11 @@ if prev then
 end
 -- After the dedupe: a retry of an accept that was taken is its duplicate, full or busy or not.
 if ARGV[10] == '1' then return {'storage_full'}, true end
-if ARGV[8] == 'reject' and (redis.call('LLEN', KEYS[D]) > 0 or find_head(KEYS[Q])) then
+local turn = nil
+if ARGV[8] ~= 'enqueue' and turn_check_ms(redis.call('GET', KEYS[L])) then
+  turn = redis.call('GET', KEYS[L])
+end
+if ARGV[8] == 'reject' and (turn or redis.call('LLEN', KEYS[D]) > 0 or find_head(KEYS[Q])) then
   return {'rejected'}, true
 end
 local n = redis.call('LLEN', KEYS[Q]) + redis.call('LLEN', KEYS[D])
@@ -83,6 +88,16 @@ redis.call('SET', KEYS[12], ARGV[7], 'PX', ttl)
 tally().pushed(KEYS, ses, n, tonumber(ARGV[11]))
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.
 local readied = index_pushed(KEYS, ses, n, 0)
+if ARGV[8] == 'interrupt' and turn then
+  -- In turn: the abort is asked at the turn's next check, which is now (core/turns.py).
+  local record = decode(string.sub(turn, string.find(turn, ':', 6, true) + 1))
+  if record then
+    record.abort = true
+    redis.call('SET', KEYS[L], string.format('turn:%d:', 0) .. cjson.encode(record), 'KEEPTTL')
+    redis.call('ZADD', KEYS[READY], tonumber(ARGV[11]), ses)
+    return {'ok', tostring(record.entry)}, false
+  end
+end
 if ARGV[8] == 'interrupt' then
   local staged = decode(redis.call('LINDEX', KEYS[D], 0) or '')
   if staged and type(staged.id) == 'string' then return {'ok', staged.id}, not readied end

@@ -26,6 +26,10 @@
     ARGV[6]    the entry JSON the hook gets
     ARGV[7]    grace, ms (0: no hook wired, record nothing)
     ARGV[8]    lease, ms, for the caller's next step (0: the caller takes no next step)
+    ARGV[9]    the turn's value (core/turns.py), or '': the agent works on the prompt, and
+               the claim hands the session's lock to the turn instead of a next step
+               (ARGV[8] is then 0)
+    ARGV[10]   the turn's hold, ms: the lock's expiry while in turn
 
   Output:
     {'ok'}     this caller claimed it (now, or in an earlier call whose reply was lost)
@@ -37,10 +41,11 @@
     {'lost'}   nobody holds the session (the caller's lease lapsed); nothing written
     {'gone'}   no copy was left and the claim is not this caller's
 
-  Events: sent (only when a copy was removed).
+  Events: sent (only when a copy was removed), then turn (a turn began: its value).
 ]]
 local ses, id, lockval, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local entry, grace, lease = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local turn = ARGV[9] or ''
 local mine = redis.call('GET', KEYS[11]) == lockval
 local refused = fence(KEYS, lockval)
 if refused then
@@ -68,6 +73,11 @@ if removed > 0 then
   emit(KEYS, 'sent', id, '')
 end
 local claimed = removed > 0 or mine
+if claimed and turn ~= '' then
+  -- The session is now the turn's: held, by no worker, until the turn ends.
+  redis.call('SET', KEYS[L], turn, 'PX', ARGV[10])
+  emit(KEYS, 'turn', id, turn)
+end
 if removed > 0 and not (error_d or error_q) then
   -- Each copy removed leaves its own status (refresh() below derives it all instead).
   for _, s in ipairs(gone_q) do table.insert(gone_d, s) end

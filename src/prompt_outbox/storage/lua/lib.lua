@@ -77,6 +77,19 @@ local function fence(K, lockval)
   return 'lost'
 end
 
+-- A turn (core/turns.py): the lock's value while the agent works on a delivered prompt,
+-- 'turn:<check ms>:<record JSON>'. Its check time (ms), or nil for a worker's token.
+local function turn_check_ms(v)
+  if type(v) ~= 'string' then return nil end
+  local check = string.match(v, '^turn:(%d+):')
+  return check and tonumber(check)
+end
+
+-- The turn value v with its check time moved to `check` (ms).
+local function turn_checked(v, check)
+  return string.format('turn:%d:', check) .. string.sub(v, string.find(v, ':', 6, true) + 1)
+end
+
 -- pending / verifying (and a delivering copy found in the queue) hold back the entries behind.
 local function blocking(status)
   return status == 'pending' or status == 'verifying' or status == 'delivering'
@@ -508,9 +521,12 @@ local function index(K, ses, now, due)
   count(K, ses, n)
   local pttl = redis.call('PTTL', K[L])
   if pttl ~= -2 then
-    -- Whoever holds the lock owns the session until it lapses.
+    -- Whoever holds the lock owns the session until it lapses; a turn is due at its check.
     if pttl < 0 then pttl = 1000 end
-    redis.call('ZADD', K[READY], now + pttl, ses)
+    local score = now + pttl
+    local check = turn_check_ms(redis.call('GET', K[L]))
+    if check and check < score then score = check end
+    redis.call('ZADD', K[READY], score, ses)
   elseif staged > 0 then
     -- Staging without a holder: a worker died mid-delivery; recover it now.
     redis.call('ZADD', K[READY], now, ses)

@@ -1,0 +1,127 @@
+"""A session held in turn (DESIGN.md §8): the record in its lock, and what a check decides.
+
+While the agent works on a delivered prompt, the session's lock holds
+``turn:<check ms>:<record JSON>`` instead of a worker's token. No worker holds anything: the
+session is due again at its check time, when whichever worker visits it asks the agent (the
+turn's end is usually heard sooner, from the agent's own stream or the end route). The lock's
+own expiry is the hard bound, ``turn_ceiling + turn_grace`` after the send, so a session whose
+agent never answers is let go in the end.
+
+    delivered --Turn--> in turn --ended (watcher, end route, check)--> free: next entry sent
+                                --check: running--> in turn (next check)
+                                --check: unknown--> in turn (next check, why)
+                                --check past the ceiling: running--> abort asked, let go
+                                --check past ceiling + grace: unknown--> let go
+                                --interrupt--> abort asked at the next check (at once)
+
+Pure: nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from .callbacks import TurnState
+from .settings import Tunables
+
+PREFIX = "turn:"
+
+# Why a turn ended (the turn_ended event's ``why``).
+ENDED = "ended"  # the agent said so
+CEILING = "ceiling"  # still running at turn_ceiling: aborted and let go
+UNREACHABLE = "unreachable"  # the agent never answered until turn_ceiling + turn_grace
+
+
+@dataclass(frozen=True, slots=True)
+class TurnHold:
+    """One session's turn: its ID, the delivered entry, when it began, when it is next
+    checked (ms), why the last check could not settle it, and whether an abort was asked."""
+
+    turn: str
+    entry: str
+    since_ms: int
+    check_ms: int
+    why: str = ""
+    abort: bool = False
+
+    def encode(self) -> str:
+        record = {"turn": self.turn, "entry": self.entry, "since": self.since_ms}
+        if self.why:
+            record["why"] = self.why[:300]
+        if self.abort:
+            record["abort"] = True
+        return f"{PREFIX}{self.check_ms}:{json.dumps(record, separators=(',', ':'))}"
+
+    def seconds(self, now_ms: int) -> float:
+        """How long the turn has lasted."""
+        return max(0.0, (now_ms - self.since_ms) / 1000)
+
+
+def is_turn(lock_value: str | None) -> bool:
+    return bool(lock_value) and str(lock_value).startswith(PREFIX)
+
+
+def decode_turn(lock_value: str) -> TurnHold | None:
+    """The turn a lock value holds, or None (a worker's token, or a value we did not write)."""
+    if not is_turn(lock_value):
+        return None
+    check, _, body = lock_value[len(PREFIX) :].partition(":")
+    try:
+        record = json.loads(body)
+        return TurnHold(
+            turn=str(record["turn"]),
+            entry=str(record["entry"]),
+            since_ms=int(record["since"]),
+            check_ms=int(check),
+            why=str(record.get("why", "")),
+            abort=bool(record.get("abort", False)),
+        )
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def started(turn: str, entry: str, now_ms: int, t: Tunables, *, check_now: bool) -> TurnHold:
+    """The hold a delivery begins. ``check_now``: first ask the agent at once (a send that was
+    verified, whose turn nobody watches yet); else after ``turn_check_interval``."""
+    check = now_ms if check_now else now_ms + round(t.turn_check_interval * 1000)
+    return TurnHold(turn, entry, now_ms, check)
+
+
+def hold_ms(t: Tunables) -> int:
+    """The lock's expiry for a turn: its hard bound, past which it lapses unasked. Two checks
+    and a lease past ``turn_ceiling + turn_grace``, so a check lets it go first (and says so)."""
+    return round((t.turn_ceiling + t.turn_grace + 2 * t.turn_check_interval + t.lease_ttl) * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a check does: end the turn (``end``: why), or keep it as ``keep``; ``abort``: ask
+    the agent to stop the turn first."""
+
+    end: str = ""
+    keep: TurnHold | None = None
+    abort: bool = False
+
+
+def after_check(
+    hold: TurnHold, state: TurnState, reason: str, now_ms: int, t: Tunables, *, can_abort: bool
+) -> Decision:
+    """What a worker does with what the agent said of a turn it checked (``reason``: why the
+    state is UNKNOWN, if it is)."""
+    lasted = hold.seconds(now_ms)
+    next_check = now_ms + round(t.turn_check_interval * 1000)
+    if state is TurnState.ENDED:
+        return Decision(end=ENDED)
+    if state is TurnState.RUNNING:
+        if lasted >= t.turn_ceiling:
+            return Decision(end=CEILING, abort=can_abort)
+        if hold.abort:  # an interrupt: ask the agent; its end comes as any other
+            keep = replace(hold, check_ms=next_check, why="abort asked", abort=False)
+            return Decision(keep=keep, abort=can_abort)
+        return Decision(keep=replace(hold, check_ms=next_check, why=""))
+    if lasted >= t.turn_ceiling + t.turn_grace:
+        return Decision(end=UNREACHABLE)
+    why = f"the agent did not say whether the turn ended: {reason}"[:300]
+    keep = replace(hold, check_ms=next_check, why=why)
+    return Decision(keep=keep, abort=hold.abort and can_abort)

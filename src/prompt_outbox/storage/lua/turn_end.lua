@@ -1,0 +1,31 @@
+--[[
+  End a turn (core/turns.py): the agent said it ended (a watcher, the end route, a check), or
+  a check let it go at its ceiling. The session's lock is deleted if it holds this turn, and
+  the session's next entry is due at once.
+
+  Input:
+    KEYS[1..10] session keys
+    ARGV[1]    session ID
+    ARGV[2]    turn ID
+    ARGV[3]    now, ms
+    ARGV[4]    why it ended: 'ended', 'ceiling', 'unreachable'
+
+  Output:
+    {'ok', since, m}  ended; since: when the turn began (ms); m: as release.lua's (the
+                      caller marks the due index if letting go moved the work earlier)
+    {'gone'}          the session holds no turn of that ID (unknown, or over already)
+
+  Events: turn_ended (id: the turn's entry ID; entry: {"turn", "entry", "seconds", "why"}).
+]]
+local ses, turn, now, why = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local cur = redis.call('GET', KEYS[L])
+if not turn_check_ms(cur) then return {'gone'} end
+local record = decode(string.sub(cur, string.find(cur, ':', 6, true) + 1))
+if not record or record.turn ~= turn then return {'gone'} end
+local before = ready_of(KEYS, ses)
+redis.call('DEL', KEYS[L])
+local since = tonumber(record.since) or now
+local ended = {turn = turn, entry = record.entry, seconds = math.max(0, now - since) / 1000, why = why}
+emit(KEYS, 'turn_ended', tostring(record.entry), cjson.encode(ended))
+refresh_head(KEYS, ses, now)
+return {'ok', string.format('%d', since), lowered(KEYS, ses, before)}

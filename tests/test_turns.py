@@ -1,0 +1,227 @@
+"""Long agent turns (DESIGN.md §8, core/turns.py): a deliverer hands back a Turn, the session
+stays held in turn by a record in Valkey (no worker task, slot or request), and its next entry
+is sent only after the turn ends: through ``Outbox.end_turn``, a TurnWatcher, a check with the
+agent, or the ceiling. Against a real Valkey (and the cluster), across Outbox instances as
+across processes. tests/test_opencode_turns.py has it against a real opencode."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from prompt_outbox import (
+    Entry,
+    Outbox,
+    SessionBusy,
+    Turn,
+    TurnEnd,
+    TurnEnded,
+    TurnState,
+)
+from prompt_outbox.core.events import QueueEvent
+from prompt_outbox.storage.client import Client
+from tests.conftest import FAST, eventually, holds
+
+pytestmark = pytest.mark.cluster_too
+
+WS, SES = "acme", "chat-1"
+# Checks every 0.2 s, so a turn nobody heard end is found in a test's time.
+TURNS = dataclasses.replace(FAST, turn_check_interval=0.2)
+
+
+class TurnAgent:
+    """An agent whose every prompt starts a turn that runs until ``finish`` (or an abort):
+    the deliverer returns at once with the turn's ID, as opencode's prompt_async does."""
+
+    def __init__(self) -> None:
+        self.delivered: list[str] = []
+        self.running: dict[str, str] = {}  # session -> turn ID
+        self.strict = True  # a prompt sent into a running turn is a failure
+
+    async def __call__(self, ws: str, ses: str, entry: Entry) -> Turn:
+        assert not (self.strict and ses in self.running), "a prompt was sent into a running turn"
+        self.delivered.append(entry.text)
+        self.running[ses] = f"turn-{entry.text}"
+        return Turn(self.running[ses])
+
+    def finish(self, ses: str) -> str:
+        return self.running.pop(ses)
+
+
+class WatchingAgent(TurnAgent):
+    """A TurnAgent that can be asked about its turns (TurnWatcher) and aborted (Aborter)."""
+
+    def __init__(self, *, answer: TurnState | None = None) -> None:
+        super().__init__()
+        self.answer = answer  # a fixed answer (UNKNOWN: an agent that cannot say)
+        self.ended: TurnEnded | None = None
+        self.asked: list[str] = []
+        self.aborts: list[str] = []
+
+    def watch_turns(self, ended: TurnEnded | None) -> None:
+        self.ended = ended
+
+    async def turn_state(self, ws: str, ses: str, turn_id: str) -> TurnState:
+        self.asked.append(turn_id)
+        if self.answer is not None:
+            return self.answer
+        return TurnState.RUNNING if self.running.get(ses) == turn_id else TurnState.ENDED
+
+    async def abort(self, ws: str, ses: str) -> None:
+        self.aborts.append(ses)
+        self.running.pop(ses, None)
+
+
+async def _texts(outbox: Outbox, ses: str = SES) -> list[str]:
+    return [e.text for e in await outbox.list(WS, ses)]
+
+
+async def _collect(outbox: Outbox, into: list[QueueEvent]) -> None:
+    """Every event of the session from now on (a watch started before the accepts)."""
+    async for item in outbox.watch(WS, SES, poll=0.1):
+        if isinstance(item, QueueEvent):
+            into.append(item)
+
+
+async def test_the_next_prompt_waits_for_the_turn_to_end(client: Client) -> None:
+    worker, api = Outbox(client, TURNS), Outbox(client, TURNS)
+    agent = TurnAgent()
+    events: list[QueueEvent] = []
+    watching = asyncio.create_task(_collect(api, events))
+    await asyncio.sleep(0.2)  # the watch has read its reset
+    async with worker.running(agent):
+        await api.accept(WS, SES, "u", "c1", "A")
+        await api.accept(WS, SES, "u", "c2", "B")
+        await eventually(lambda: holds(agent.delivered == ["A"]))
+        await eventually(lambda: holds(True))
+        [b] = await eventually(lambda: api.list(WS, SES))
+        assert b.text == "B" and b.blocked_by_in_flight and b.in_turn_for > 0
+        await asyncio.sleep(0.6)  # several checks' worth: nobody asks this agent, B waits
+        assert agent.delivered == ["A"]
+        ended = await api.end_turn(WS, SES, agent.finish(SES))
+        assert ended.ended and ended.seconds > 0
+        await eventually(lambda: holds(agent.delivered == ["A", "B"]))
+        # An end for a turn that is over, or never was, ends nothing.
+        assert await api.end_turn(WS, SES, "turn-A") == TurnEnd(False)
+        assert await api.end_turn(WS, SES, "no-such-turn") == TurnEnd(False)
+        assert (await api.end_turn(WS, SES, agent.finish(SES))).ended
+        await eventually(lambda: holds(len(events) >= 10))
+    watching.cancel()
+    kinds = [(e.kind, e.turn.turn if e.turn else e.entry_id) for e in events]
+    a, b = events[0].entry_id, events[1].entry_id
+    assert kinds == [
+        ("accepted", a),
+        ("accepted", b),
+        ("delivering", a),
+        ("sent", a),
+        ("turn", "turn-A"),
+        ("turn_ended", "turn-A"),
+        ("delivering", b),
+        ("sent", b),
+        ("turn", "turn-B"),
+        ("turn_ended", "turn-B"),
+    ]
+    assert events[5].turn is not None and events[5].turn.why == "ended"
+    assert events[5].turn.seconds >= 0.6
+
+
+async def test_a_turn_holds_no_send_slot(client: Client) -> None:
+    # One slot, three sessions, every turn endless: each session still gets its send.
+    t = dataclasses.replace(TURNS, concurrency=1)
+    outbox = Outbox(client, t)
+    agent = TurnAgent()
+    async with outbox.running(agent):
+        for n in range(3):
+            await outbox.accept(WS, f"s{n}", "u", f"c{n}", f"p{n}")
+        await eventually(lambda: holds(sorted(agent.delivered) == ["p0", "p1", "p2"]))
+    assert set(agent.running) == {"s0", "s1", "s2"}
+
+
+async def test_reject_and_interrupt_see_a_session_in_turn_as_busy(client: Client) -> None:
+    outbox = Outbox(client, TURNS)
+    agent = WatchingAgent()
+    async with outbox.running(agent):
+        await outbox.accept(WS, SES, "u", "c1", "A")
+        await eventually(lambda: holds(agent.running.get(SES) == "turn-A"))
+        with pytest.raises(SessionBusy):
+            await outbox.accept(WS, SES, "u", "c2", "rejected", while_busy="reject")
+        assert await _texts(outbox) == []
+        # An interrupt is taken, and the turn is aborted through the agent; B follows it.
+        await outbox.accept(WS, SES, "u", "c3", "B", while_busy="interrupt")
+        await eventually(lambda: holds(agent.aborts == [SES]))
+        await eventually(lambda: holds(agent.delivered == ["A", "B"]))
+    assert agent.aborts == [SES]
+
+
+async def test_a_new_worker_learns_the_end_of_a_turn_an_old_one_started(client: Client) -> None:
+    first = WatchingAgent()
+    async with Outbox(client, TURNS).running(first):
+        await Outbox(client, TURNS).accept(WS, SES, "u", "c1", "A")
+        await eventually(lambda: holds(first.delivered == ["A"]))
+    # That worker is gone; B waits. The turn ends while no worker runs.
+    api = Outbox(client, TURNS)
+    await api.accept(WS, SES, "u", "c2", "B")
+    second = WatchingAgent()
+    second.running = {}  # this agent's turn A is over: a check finds it ended
+    async with Outbox(client, TURNS).running(second):
+        await eventually(lambda: holds(second.delivered == ["B"]))
+    assert second.asked[:1] == ["turn-A"]
+
+
+async def test_a_watcher_ends_turns_as_its_agent_reports_them(client: Client) -> None:
+    slow = dataclasses.replace(TURNS, turn_check_interval=600.0)  # no check would find it
+    outbox = Outbox(client, slow)
+    agent = WatchingAgent()
+    async with outbox.running(agent):
+        assert agent.ended is not None  # wired as the run loop starts
+        await outbox.accept(WS, SES, "u", "c1", "A")
+        await outbox.accept(WS, SES, "u", "c2", "B")
+        await eventually(lambda: holds(agent.delivered == ["A"]))
+        await agent.ended(WS, SES, agent.finish(SES))
+        await eventually(lambda: holds(agent.delivered == ["A", "B"]))
+    assert agent.ended is None and agent.asked == []  # unwired as it stops; never asked
+
+
+async def test_a_turn_past_its_ceiling_is_checked_aborted_and_let_go(client: Client) -> None:
+    t = dataclasses.replace(TURNS, turn_ceiling=0.5, turn_grace=30.0)
+    outbox = Outbox(client, t)
+    agent = WatchingAgent()
+    async with outbox.running(agent):
+        await outbox.accept(WS, SES, "u", "c1", "A")
+        await outbox.accept(WS, SES, "u", "c2", "B")
+        await eventually(lambda: holds(agent.delivered == ["A", "B"]), within=10)
+    assert agent.aborts[:1] == [SES] and "turn-A" in agent.asked
+    assert outbox.metrics.turns_ended.labels(why="ceiling")._value.get() >= 1
+
+
+async def test_an_agent_that_cannot_answer_holds_the_turn_to_its_bound(client: Client) -> None:
+    t = dataclasses.replace(TURNS, turn_ceiling=0.3, turn_grace=1.0)
+    outbox = Outbox(client, t)
+    agent = WatchingAgent(answer=TurnState.UNKNOWN)
+    agent.strict = False  # it never says the turn ended: the bound lets it go
+    async with outbox.running(agent):
+        await outbox.accept(WS, SES, "u", "c1", "A")
+        await outbox.accept(WS, SES, "u", "c2", "B")
+        await eventually(lambda: holds(len(agent.asked) >= 1))
+        # The agent cannot say: held (past the ceiling too), and B says why it waits.
+        [b] = await outbox.list(WS, SES)
+        assert b.in_turn_for > 0 and agent.delivered == ["A"]
+        await eventually(lambda: holds(agent.delivered == ["A", "B"]), within=10)
+    assert agent.aborts == []  # nothing to abort on the agent's word
+    assert outbox.metrics.turns_ended.labels(why="unreachable")._value.get() == 1
+
+
+async def test_a_blocking_deliverer_still_holds_no_turn(client: Client) -> None:
+    outbox = Outbox(client, TURNS)
+    sent: list[str] = []
+
+    async def blocking(ws: str, ses: str, entry: Entry) -> None:
+        sent.append(entry.text)
+
+    async with outbox.running(blocking):
+        await outbox.accept(WS, SES, "u", "c1", "A")
+        await outbox.accept(WS, SES, "u", "c2", "B")
+        await eventually(lambda: holds(sent == ["A", "B"]))
+    assert outbox.metrics.turns_started._value.get() == 0
