@@ -151,6 +151,7 @@ ROUTES = [  # (method, path with {ws} {ses} {id} holes, JSON body)
     ("POST", "/v1/workspaces/{ws}/sessions/{ses}/prompts/{id}/retry", None),
     ("DELETE", "/v1/workspaces/{ws}/sessions/{ses}/prompts/{id}", None),
     ("GET", "/v1/workspaces/{ws}/sessions/{ses}/events", None),
+    ("POST", "/v1/workspaces/{ws}/sessions/{ses}/turns/t/end", None),
     ("POST", "/v1/workspaces/{ws}/park", {"reason": "why"}),
     ("POST", "/v1/workspaces/{ws}/unpark", None),
     ("POST", "/v1/workspaces/{ws}/sweep", None),

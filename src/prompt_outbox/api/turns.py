@@ -13,9 +13,9 @@ entry is sent at once. Two callers may end one:
 
 The turn ID is the path's last segment but one, percent-encoded (any printable characters, a
 ``/`` as ``%2F`` included): 1-200 characters, else 400 ``invalid_turn_id``. A turn the session
-does not hold (an unknown ID, or one that ended already: an end sent again) is 404
-``turn_not_found``. The route reads no body (a body sent anyway passes the guard's rules:
-JSON, within ``guard.SMALL_BODY_BYTES``).
+does not hold (an unknown ID, one that ended already: an end sent again, or one no turn can
+have: a character that is not printable) is 404 ``turn_not_found``. The route reads no body
+(a body sent anyway passes the guard's rules: JSON, within ``guard.SMALL_BODY_BYTES``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ router = APIRouter()
 
 class _AnyText(Convertor[str]):
     """A path parameter of any characters, '/' and newline included: Starlette's ``path``
-    (``.*``) stops at a newline, which made a turn ID holding one a 404, not its 400."""
+    (``.*``) stops at a newline, so a turn ID holding one missed the route (a bare 404
+    ``http_error``, not the route's own answer)."""
 
     regex = r"[\s\S]*"
 
@@ -68,11 +69,21 @@ TurnId = Annotated[
 
 
 def check_turn_id(turn: str) -> str:
-    """``turn`` if it is a turn ID (``Turn``'s rule), else 400 ``invalid_turn_id``."""
+    """``turn`` if it is a turn ID (``Turn``'s rule); 400 ``invalid_turn_id`` for a length off
+    1-200, which the OpenAPI declares. An ID of that length holding a character that is not
+    printable names no turn a session can hold: 404 ``turn_not_found``, as for any ID not
+    held (no schema can state ``str.isprintable``, and a client the schema lets send one must
+    not be told its request was malformed)."""
     try:
         return Turn(turn).id
     except ValueError as exc:
+        if 0 < len(turn) <= TURN_ID_MAX:
+            raise _not_held(turn) from None
         raise ApiError(400, "invalid_turn_id", str(exc)) from None
+
+
+def _not_held(turn: str) -> ApiError:
+    return ApiError(404, "turn_not_found", f"the session holds no turn {turn!r:.220}")
 
 
 async def turn_ender(request: Request) -> None:
@@ -109,8 +120,8 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     404: {
         "model": ErrorBody,
-        "description": "turn_not_found: the session holds no such turn (an unknown ID, or a "
-        "turn that ended already)",
+        "description": "turn_not_found: the session holds no such turn (an unknown ID, a turn "
+        "that ended already, or an ID no turn can have: a character that is not printable)",
     },
 }
 
@@ -127,5 +138,5 @@ async def end_turn(ws: WorkspaceId, ses: SessionId, turn: TurnId, outbox: Outbox
     sent at once. 404 ``turn_not_found`` when the session holds no such turn."""
     done = await outbox.end_turn(ws, ses, check_turn_id(turn))
     if not done.ended:
-        raise ApiError(404, "turn_not_found", f"session {ses!r} holds no turn {turn!r:.220}")
+        raise _not_held(turn)
     return TurnEndOut(ended=True, seconds=done.seconds)
