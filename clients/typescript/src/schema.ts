@@ -514,6 +514,11 @@ export interface components {
              * @description nanoseconds the lock is held
              */
             inFlightFor?: number | null;
+            /**
+             * Inturnfor
+             * @description nanoseconds the session has been in turn: the agent works on a delivered prompt, and this entry waits for the turn to end
+             */
+            inTurnFor?: number | null;
             /** Lastattemptat */
             lastAttemptAt?: string | null;
             /** Lasterror */
@@ -2397,7 +2402,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description turn_not_found: the session holds no such turn (an unknown ID, or a turn that ended already) */
+            /** @description turn_not_found: the session holds no such turn (an unknown ID, a turn that ended already, or an ID no turn can have: a character that is not printable) */
             404: {
                 headers: {
                     [name: string]: unknown;
