@@ -233,9 +233,18 @@ async def test_ambiguous_send_verified_delivered_is_not_resent(
     entry = await manual_outbox.accept(WS, SES, "u", "c1", "hello")
     await manual_outbox.deliver_once(WS, SES, hook)
     clock.advance(FAST.verify_delay)
-    assert await manual_outbox.deliver_once(WS, SES, hook)  # verify: the receiver has it
+    # Verify: the receiver has it. Its turn may go on (the send was cut, not answered), so the
+    # session is held in a turn named by the entry ID, which the verify URL is asked about.
+    await manual_outbox.deliver_once(WS, SES, hook)
     assert await manual_outbox.list(WS, SES) == []
+    clock.advance(FAST.turn_check_interval)
+    await manual_outbox.deliver_once(WS, SES, hook)
+    assert {"turn": [entry.id], "workspace": [WS], "session": [SES]} in agent.asked
     assert agent.ids() == [entry.id]  # one POST only
+    # It said "ended": the session is free, and its next prompt goes.
+    second = await manual_outbox.accept(WS, SES, "u", "c2", "next")
+    await manual_outbox.deliver_once(WS, SES, hook)
+    assert agent.ids() == [entry.id, second.id]
     await hook.aclose()
 
 
