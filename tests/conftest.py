@@ -20,6 +20,7 @@ from prompt_outbox.embedded import EmbeddedValkey, answers_ping, free_port
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.connect import connect
 from tests.cluster import LocalCluster
+from tests.opencode_server import fake_model, opencode  # noqa: F401  (module-scoped fixtures)
 
 T = TypeVar("T")
 

@@ -8,12 +8,14 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from prompt_outbox.embedded import free_port
+from tests.fake_model import FakeModel
 
 VERSION = "1.18.33"
 _ROOT = Path(__file__).resolve().parent.parent
@@ -152,3 +154,23 @@ class OpencodeServer:
         r = httpx.get(f"{self.url}/session/{session_id}/message", timeout=30)
         r.raise_for_status()
         return list(r.json())
+
+
+@pytest.fixture(scope="module")
+def fake_model() -> Iterator[FakeModel]:
+    """The fake model server, one per test module."""
+    model = FakeModel()
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def opencode(
+    tmp_path_factory: pytest.TempPathFactory, fake_model: FakeModel
+) -> Iterator[OpencodeServer]:
+    """A real ``opencode serve`` on the fake model, one per test module (conftest imports both
+    fixtures, so every test module can ask for them)."""
+    server = OpencodeServer(tmp_path_factory.mktemp("opencode"), fake_model.base_url)
+    server.start()
+    yield server
+    server.stop()

@@ -209,21 +209,15 @@ def opencode(
     return deliverer
 
 
-async def test_opencode_send_with_a_huge_answer_is_delivered_and_says_what_went_unread(
-    manual_outbox: Outbox,
-    agent: StandIn,
-    counted: Counted,
-    caplog: pytest.LogCaptureFixture,
+async def test_opencode_send_with_a_huge_answer_is_delivered_reading_a_few_kib(
+    manual_outbox: Outbox, agent: StandIn, counted: Counted
 ) -> None:
-    """The assistant message can be large: past SEND_ANSWER_BYTES only its turn error goes
-    unread; the send happened (200), so the outcome does not change."""
-    head = b'{"info": {"role": "assistant"}, "parts": [{"type": "text", "text": "'
-    agent.replies[f"POST /session/{SES}/message"] = Reply(200, head=head, pad=HUGE, tail=b'"}]}')
+    """prompt_async answers 204 with nothing; a 2xx with 200 MB is delivered all the same
+    (the status says the prompt is in), and only SEND_ANSWER_BYTES of it are read."""
+    agent.replies[f"POST /session/{SES}/prompt_async"] = Reply(200, head=b"{", pad=HUGE)
     await manual_outbox.accept(WS, SES, "u", "c1", "hello")
-    with caplog.at_level(logging.INFO, "prompt_outbox.opencode"):
-        assert await manual_outbox.deliver_once(WS, SES, opencode(agent, counted, manual_outbox))
-    assert await manual_outbox.list(WS, SES) == []
-    assert f"longer than {SEND_ANSWER_BYTES} bytes" in caplog.text
+    await manual_outbox.deliver_once(WS, SES, opencode(agent, counted, manual_outbox))
+    assert await manual_outbox.list(WS, SES) == []  # delivered, its session in turn
     assert_bounded(agent, counted[1], SEND_ANSWER_BYTES)
 
 
@@ -232,17 +226,17 @@ async def test_opencode_send_answered_with_json_nested_too_deep_is_delivered(
 ) -> None:
     """The old code's RecursionError (from ``response.json()``) escaped the deliverer as a
     definitive failure: an attempt minted and the prompt sent again, a second turn."""
-    agent.replies[f"POST /session/{SES}/message"] = Reply(200, head=b"[" * 100_000)
+    agent.replies[f"POST /session/{SES}/prompt_async"] = Reply(200, head=b"[" * 100_000)
     await manual_outbox.accept(WS, SES, "u", "c1", "hello")
-    assert await manual_outbox.deliver_once(WS, SES, opencode(agent, counted, manual_outbox))
-    assert await manual_outbox.list(WS, SES) == []
+    await manual_outbox.deliver_once(WS, SES, opencode(agent, counted, manual_outbox))
+    assert await manual_outbox.list(WS, SES) == []  # delivered, its session in turn
     assert len(agent.served) == 1
 
 
 async def test_opencode_5xx_with_a_huge_body_is_ambiguous(
     manual_outbox: Outbox, agent: StandIn, counted: Counted
 ) -> None:
-    agent.replies[f"POST /session/{SES}/message"] = Reply(500, head=b"{", pad=HUGE, fill=b"y")
+    agent.replies[f"POST /session/{SES}/prompt_async"] = Reply(500, head=b"{", pad=HUGE, fill=b"y")
     await manual_outbox.accept(WS, SES, "u", "c1", "hello")
     assert await manual_outbox.deliver_once(WS, SES, opencode(agent, counted, manual_outbox))
     [e] = await manual_outbox.list(WS, SES)

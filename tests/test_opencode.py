@@ -1,6 +1,6 @@
 """The opencode deliverer and verifier against a REAL ``opencode serve`` (offline, with the
-fake model server): deliver, a cut mid-turn verified without a second turn, opencode down then
-back, and the response classes."""
+fake model server): deliver, a send whose answer is lost verified without a second turn,
+opencode down then back, and the response classes. Its turns: tests/test_opencode_turns.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,27 +32,11 @@ from prompt_outbox.embedded import free_port
 from tests.conftest import FAST, eventually, holds
 from tests.fake_model import FakeModel
 from tests.opencode_server import OpencodeServer
+from tests.tcp_proxy import tcp_proxy
 
 WS = "ws"
 # Real turns take a moment on a loaded machine: the outbox's bound must not be what cuts them.
 TUNABLES = dataclasses.replace(FAST, delivery_timeout=60.0)
-
-
-@pytest.fixture(scope="module")
-def fake_model() -> Iterator[FakeModel]:
-    model = FakeModel()
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def opencode(
-    tmp_path_factory: pytest.TempPathFactory, fake_model: FakeModel
-) -> Iterator[OpencodeServer]:
-    server = OpencodeServer(tmp_path_factory.mktemp("opencode"), fake_model.base_url)
-    server.start()
-    yield server
-    server.stop()
 
 
 def wired(
@@ -67,6 +51,19 @@ def wired(
 
     outbox.set_on_delivered(on_delivered)
     return outbox, deliverer
+
+
+async def deliver_until(
+    outbox: Outbox, ses: str, deliverer: OpencodeDeliverer, done: Callable[[], bool]
+) -> None:
+    """Step the session (``deliver_once``) until ``done()``: a step that sends an entry and
+    leaves its session in turn answers False, so the step's answer cannot say it."""
+
+    async def step() -> bool:
+        await outbox.deliver_once(WS, ses, deliverer)
+        return done()
+
+    await eventually(step)
 
 
 def user_messages(server: OpencodeServer, session_id: str) -> list[tuple[str, list[str]]]:
@@ -89,44 +86,53 @@ async def test_delivers_one_turn_with_the_entry_derived_ids_and_model(
     ses = opencode.new_session()
     text = f"hello opencode {uuid.uuid4()}"
     await outbox.accept(WS, ses, "u1", "c1", text, model='"fake/fake-model"')
-    assert await outbox.deliver_once(WS, ses, deliverer)
+    await outbox.deliver_once(WS, ses, deliverer)  # the send: the turn goes on
     assert await outbox.list(WS, ses) == []
     [entry] = seen
+    # prompt_async answers before the message is stored (~0.6 s on a fresh opencode).
+    await eventually(lambda: holds(user_messages(opencode, ses) != []), within=30)
     assert user_messages(opencode, ses) == [(message_id(entry), [text])]
-    assert fake_model.user_turns(text) == 1
+    await eventually(lambda: holds(fake_model.user_turns(text) == 1), within=30)
+    await eventually(lambda: holds(len(opencode.transcript(ses)) == 2), within=30)
     assistant = [m["info"] for m in opencode.transcript(ses) if m["info"]["role"] == "assistant"]  # type: ignore[index]
     assert [a["modelID"] for a in assistant] == ["fake-model"]  # type: ignore[index]
     assert await deliverer.verify(WS, ses, entry) is Verdict.DELIVERED
     await deliverer.aclose()
 
 
-async def test_cut_mid_turn_is_verified_delivered_without_a_second_turn(
+async def test_a_send_whose_answer_is_lost_is_verified_delivered_without_a_second_turn(
     client: valkey_async.Valkey, opencode: OpencodeServer, fake_model: FakeModel
 ) -> None:
+    # The send reaches opencode, but its 204 never comes back (a proxy swallows it): past the
+    # deliverer's 1 s timeout the send is ambiguous, and the verifier settles it.
     seen: list[Entry] = []
-    outbox, deliverer = wired(client, opencode.url, seen, timeout=1.0)
     ses = opencode.new_session()
-    text = f"[sleep 4] a long turn {uuid.uuid4()}"
-    await outbox.accept(WS, ses, "u1", "c1", text)
-    assert await outbox.deliver_once(WS, ses, deliverer)  # cut by our 1 s read timeout
-    [entry] = await outbox.list(WS, ses)
-    assert entry.status is Status.VERIFYING and "timeout" in entry.last_error.lower()
-    # The verifier finds the message in the transcript: delivered, and never sent again.
-    await eventually(lambda: outbox.deliver_once(WS, ses, deliverer))
-    assert await outbox.list(WS, ses) == [] and [e.id for e in seen] == [entry.id]
+    text = f"[sleep 2] a turn whose send is cut {uuid.uuid4()}"
+    async with tcp_proxy(opencode.port) as proxy:
+        outbox, deliverer = wired(client, proxy.url, seen, timeout=1.0)
+        proxy.swallow = True
+        await outbox.accept(WS, ses, "u1", "c1", text)
+        assert await outbox.deliver_once(WS, ses, deliverer)
+        [entry] = await outbox.list(WS, ses)
+        assert entry.status is Status.VERIFYING and "timeout" in entry.last_error.lower()
+        proxy.swallow = False
+        # The verifier finds the message in the transcript: delivered, and never sent again.
+        await deliver_until(outbox, ses, deliverer, lambda: bool(seen))
+        assert await outbox.list(WS, ses) == [] and [e.id for e in seen] == [entry.id]
+        await deliverer.aclose()
     # The turn opencode started completes by itself; the model saw the prompt once.
     await eventually(lambda: holds(len(opencode.transcript(ses)) == 2), within=30)
     assert fake_model.user_turns(text) == 1
     assert [texts for _, texts in user_messages(opencode, ses)] == [[text]]
-    await deliverer.aclose()
 
 
 async def test_an_interrupt_aborts_the_turn_and_its_prompt_counts_as_delivered(
     client: valkey_async.Valkey, opencode: OpencodeServer, fake_model: FakeModel
 ) -> None:
     # whileBusy interrupt against the real opencode: the first prompt's turn sleeps 30 s in
-    # the model; the interrupt aborts it (POST /session/{id}/abort), opencode answers the
-    # first send 200 (MessageAbortedError), so it counts as delivered; the second goes next.
+    # the model; the interrupt asks for an abort (POST /session/{id}/abort), opencode reports
+    # the session idle, the deliverer's event stream ends the turn, and the second prompt goes
+    # next: after the first turn ended, never into it.
     seen: list[Entry] = []
     worker, deliverer = wired(client, opencode.url, seen)
     api = Outbox(client, TUNABLES)  # the accepting "process": the ask travels by pub/sub
@@ -137,19 +143,19 @@ async def test_an_interrupt_aborts_the_turn_and_its_prompt_counts_as_delivered(
         await api.accept(WS, ses, "u1", "c1", first)
         await eventually(lambda: holds(fake_model.user_turns(first) == 1), within=30)
         await api.accept(WS, ses, "u1", "c2", second, while_busy="interrupt")
-        await eventually(lambda: holds(len(seen) == 2), within=30)
+        await eventually(lambda: holds(fake_model.user_turns(second) == 1), within=30)
     assert time.monotonic() - started < 25  # the 30 s turn did not run out
     assert [e.text for e in seen] == [first, second]
     assert worker.metrics.aborts.labels(outcome="asked")._value.get() == 1
     # Each prompt reached opencode once, in order; the model saw each once.
     assert [texts for _, texts in user_messages(opencode, ses)] == [[first], [second]]
     assert fake_model.user_turns(first) == 1 and fake_model.user_turns(second) == 1
-    aborted = [
-        m["info"]
-        for m in opencode.transcript(ses)
-        if m["info"]["role"] == "assistant" and m["info"].get("error")  # type: ignore[index,union-attr]
-    ]
+    infos = [m["info"] for m in opencode.transcript(ses)]
+    aborted = [i for i in infos if i["role"] == "assistant" and i.get("error")]  # type: ignore[index,union-attr]
     assert [a["error"]["name"] for a in aborted] == ["MessageAbortedError"]  # type: ignore[index]
+    # The second prompt reached opencode after the first turn had ended.
+    _, second_user = [i for i in infos if i["role"] == "user"]  # type: ignore[index]
+    assert second_user["time"]["created"] >= aborted[0]["time"]["completed"]  # type: ignore[index]
     await deliverer.aclose()
 
 
@@ -169,10 +175,10 @@ async def test_opencode_down_is_retried_without_an_attempt_then_delivered(
         [entry] = await outbox.list(WS, ses)
         assert (entry.status, entry.attempts, entry.transient_fails) == (Status.PENDING, 0, 1)
         server.start()  # the agent restarts on the same store, with the same session
-        await eventually(lambda: outbox.deliver_once(WS, ses, deliverer))
+        await deliver_until(outbox, ses, deliverer, lambda: bool(seen))
         assert await outbox.list(WS, ses) == [] and len(seen) == 1
+        await eventually(lambda: holds(fake_model.user_turns(text) == 1), within=30)
         assert [texts for _, texts in user_messages(server, ses)] == [[text]]
-        assert fake_model.user_turns(text) == 1
         await deliverer.aclose()
     finally:
         server.stop()
@@ -342,11 +348,11 @@ async def test_the_agent_gets_each_session_id_as_one_encoded_path_segment() -> N
         finally:
             await templated.aclose()
     assert seen == [
-        ("POST", "/session/a.b/message"),
+        ("POST", "/session/a.b/prompt_async"),
         ("POST", "/session/a.b/abort"),
         ("GET", "/session/a.b/message?limit=500"),
-        ("POST", "/session/ses%20x%25y/message"),
-        ("POST", "/agents/ws/a.b/session/a.b/message"),
+        ("POST", "/session/ses%20x%25y/prompt_async"),
+        ("POST", "/agents/ws/a.b/session/a.b/prompt_async"),
     ]
 
 
@@ -383,8 +389,8 @@ async def test_dots_ids_never_reach_the_agent(client: valkey_async.Valkey) -> No
             assert await outbox.deliver_once(WS, "s1", deliverer)
         finally:
             await deliverer.aclose()
-    # A definitive failure that says why; nothing reached the agent (today's code POSTed to
-    # /message, the ID's segment normalised away).
+    # A definitive failure that says why; nothing reached the agent (the code before issue
+    # 22 POSTed to /message, the ID's segment normalised away).
     [entry] = await outbox.list(WS, "s1")
     assert (entry.attempts, "not one path segment" in entry.last_error) == (1, True)
     assert seen == []

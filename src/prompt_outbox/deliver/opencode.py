@@ -1,16 +1,18 @@
-"""Deliver entries to opencode server sessions, and verify ambiguous sends in the transcript.
+"""Deliver entries to opencode server sessions, learn when their turns end, and verify
+ambiguous sends in the transcript (docs/opencode-turns.md).
 
-The send is ``POST {base}/session/{id}/message``, which persists the user message and then
-blocks until the assistant turn ends. Outcome classes (the seed's):
+The send is ``POST {base}/session/{id}/prompt_async``: opencode stores the user message,
+starts the turn and answers 204 at once. The deliverer then returns ``Turn(messageID)``: the
+entry is delivered, and the session stays held in turn until opencode reports the session idle
+on its event stream (``opencode_events``). Outcome classes of the send (the seed's):
 
-- a connection refused or a connect timeout: nothing reached opencode (transient);
-- 200: delivered, whether the turn finished, was aborted (by ``abort``, for a whileBusy
-  interrupt, or by anyone) or failed (the prompt is in the transcript; sending it again would
-  run it twice);
-- 4xx: definitive (opencode will not take this request: bad body, unknown session);
-- 5xx, a read timeout or a cut mid-turn: ambiguous. opencode answers 500 for errors it meets
-  AFTER persisting the user message (an unknown model, for one), so a 5xx must be verified,
-  never re-sent blindly.
+- a connection refused, a connect timeout, or no free connection to that server within
+  ``connect_timeout``: nothing reached opencode (transient);
+- 2xx: delivered, a turn begins;
+- 4xx: definitive (opencode will not take this request: bad body, unknown session; an opencode
+  without ``prompt_async`` answers 404 too, and the error says so);
+- 5xx, a read timeout or a cut: ambiguous (the message may be stored), verified, never
+  re-sent blindly.
 
 Each attempt carries a deterministic ``messageID`` and part ``id``: a time prefix in opencode's
 own ID layout (from the attempt's ``lastAttemptAt``, so the message sorts after what the session
@@ -23,10 +25,10 @@ session ID that cannot be one segment (empty, only dots, or holding ``/``, ``?``
 refused: a client normalises ``/session/../message`` to ``/message``, another route.
 
 Every request reads a bounded part of opencode's answer, within ``timeout`` in total
-(``answer.bounded_request``): the send's answer (the assistant message) up to
-``SEND_ANSWER_BYTES``, past which only its turn error goes unread (the outcome stays what the
-status says); the transcript up to ``transcript_max_bytes``, past which the verdict is
-inconclusive, never a guess from part of it.
+(``answer.bounded_request``): the send's answer up to ``SEND_ANSWER_BYTES`` (an error's
+detail), the transcript up to ``transcript_max_bytes``, past which the verdict is
+inconclusive, never a guess from part of it. Each opencode server (base URL) has a connection
+pool of its own, ``max_connections_per_server`` plus one for its event stream.
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ from urllib.parse import quote
 
 import httpx
 
-from ..core.callbacks import Verdict
+from ..core.callbacks import Turn, TurnEnded, TurnState, Verdict
 from ..core.entry import Entry
 from ..core.errors import ambiguous, transient
 from ..core.timeutil import to_ms
-from .answer import Answer, KiB, MalformedAnswer, MiB, bounded_request
+from .answer import Answer, KiB, MiB, bounded_request
+from .opencode_events import EVENT_MAX_BYTES, TurnStreams
 
 log = logging.getLogger("prompt_outbox.opencode")
 
@@ -55,7 +58,7 @@ _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _SUFFIX_LEN = 14
 _CLOCK_SKEW_MS = 2_000  # the text fallback's grace before lastAttemptAt
 
-SEND_ANSWER_BYTES = 4 * MiB  # the assistant message: read only for its turn error
+SEND_ANSWER_BYTES = 64 * KiB  # 204 holds nothing; an error's body is read for its detail
 ABORT_ANSWER_BYTES = 4 * KiB  # true/false
 TRANSCRIPT_MAX_BYTES = 64 * MiB  # the default bound of one transcript page
 
@@ -190,23 +193,30 @@ def model_selector(model: str | None) -> dict[str, str] | None:
 
 
 class OpencodeDeliverer:
-    """A Deliverer (``await d(ws, ses, entry)``) for opencode, and its Verifier (``.verify``).
+    """A Deliverer (``await d(ws, ses, entry)``) for opencode that hands back a ``Turn``, its
+    ``TurnWatcher`` (``watch_turns``, ``turn_state``), its ``Aborter`` (``abort``) and its
+    Verifier (``.verify``).
 
     ``targets`` maps our (workspace, session) to an opencode server and session ID.
-    ``timeout`` bounds each request in total (for a send, the wait for the whole turn; past it
-    the send is ambiguous and the verifier settles it). ``transcript_limit`` is how many recent
-    messages the verifier reads, ``transcript_max_bytes`` how many bytes of them at most
-    (past it: inconclusive). ``client`` is borrowed if given; otherwise one is made and
-    closed by ``aclose()``.
+    ``timeout`` bounds each request in total (a send answers in ~0.1 s; past it the send is
+    ambiguous and the verifier settles it). ``max_connections_per_server`` sizes each
+    server's connection pool (sends, status and transcript reads; its event stream has one
+    more). ``event_max_bytes`` bounds one line and one event of the event stream.
+    ``transcript_limit`` is how many recent messages the verifier reads,
+    ``transcript_max_bytes`` how many bytes of them at most (past it: inconclusive).
+    ``client`` is borrowed if given (for every server, with its own limits); otherwise one
+    is made per server and closed by ``aclose()``.
     """
 
     def __init__(
         self,
         targets: TargetResolver,
         *,
-        timeout: float = 120.0,
+        timeout: float = 30.0,
         connect_timeout: float = 5.0,
         auth: tuple[str, str] | None = None,
+        max_connections_per_server: int = 32,
+        event_max_bytes: int = EVENT_MAX_BYTES,
         transcript_limit: int = 500,
         transcript_max_bytes: int = TRANSCRIPT_MAX_BYTES,
         client: httpx.AsyncClient | None = None,
@@ -215,14 +225,44 @@ class OpencodeDeliverer:
             raise ValueError("transcript_limit must be at least 1")
         if transcript_max_bytes < 1:
             raise ValueError("transcript_max_bytes must be at least 1")
+        if max_connections_per_server < 1:
+            raise ValueError("max_connections_per_server must be at least 1")
         self._targets = targets
         self._limit = transcript_limit
         self._max_bytes = transcript_max_bytes
         self._timeout = timeout
-        self._own_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=connect_timeout), auth=auth
+        self._auth = auth
+        # Waiting for a free connection is bounded by connect_timeout: past it nothing was
+        # sent (transient), where the request's own deadline would make it ambiguous.
+        self._http_timeout = httpx.Timeout(timeout, connect=connect_timeout, pool=connect_timeout)
+        self._limits = httpx.Limits(
+            max_connections=max_connections_per_server + 1,  # + the event stream
+            max_keepalive_connections=max_connections_per_server + 1,
         )
+        self._borrowed = client
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._ssl: Any = None
+        self._streams = TurnStreams(
+            self._client_for,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            max_bytes=event_max_bytes,
+        )
+
+    def _client_for(self, base: str) -> httpx.AsyncClient:
+        """The server's own client: one connection pool per opencode server, so one busy
+        server's sends and stream never take another's connections."""
+        if self._borrowed is not None:
+            return self._borrowed
+        client = self._clients.get(base)
+        if client is None:
+            if self._ssl is None:
+                self._ssl = httpx.create_ssl_context()  # one for all (20 ms, ~100s of KiB)
+            transport = httpx.AsyncHTTPTransport(verify=self._ssl, limits=self._limits)
+            client = self._clients[base] = httpx.AsyncClient(
+                transport=transport, verify=self._ssl, timeout=self._http_timeout, auth=self._auth
+            )
+        return client
 
     async def _target(self, ws: str, ses: str) -> OpencodeTarget:
         try:
@@ -234,73 +274,107 @@ class OpencodeDeliverer:
             # The seed's own example of a transient failure: the endpoint could not be resolved.
             raise transient(exc) from exc
 
-    async def _url(self, ws: str, ses: str, tail: str) -> str:
-        """``{base}/session/{id}/{tail}`` of our session's target, the ID one encoded segment
-        (InvalidTarget, definitive, if it cannot be one: a resolver of the caller's own)."""
-        target = await self._target(ws, ses)
-        return f"{target.base_url.rstrip('/')}/session/{session_path(target.session_id)}/{tail}"
+    @staticmethod
+    def _base(target: OpencodeTarget) -> str:
+        return target.base_url.rstrip("/")
 
-    async def __call__(self, ws: str, ses: str, entry: Entry) -> None:
+    def _url(self, target: OpencodeTarget, tail: str) -> str:
+        """``{base}/session/{id}/{tail}``, the ID one encoded segment (InvalidTarget,
+        definitive, if it cannot be one: a resolver of the caller's own)."""
+        return f"{self._base(target)}/session/{session_path(target.session_id)}/{tail}"
+
+    async def __call__(self, ws: str, ses: str, entry: Entry) -> Turn:
         body: dict[str, Any] = {
             "messageID": message_id(entry),
             "parts": [{"id": part_id(entry), "type": "text", "text": entry.text}],
         }
         if (model := model_selector(entry.model)) is not None:
             body["model"] = model
-        url = await self._url(ws, ses, "message")
+        target = await self._target(ws, ses)
+        url = self._url(target, "prompt_async")
+        turn = Turn(body["messageID"])
+        # Watched before the send: the turn may end before its 204 is read.
+        watch = self._streams.watch(self._base(target), target.session_id, ws, ses, turn.id)
         try:
-            answer = await self._request("POST", url, SEND_ANSWER_BYTES, json_body=body)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise transient(exc) from exc  # opencode is down: nothing was sent
+            answer = await self._request(target, "POST", url, SEND_ANSWER_BYTES, json_body=body)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            self._streams.drop(watch)
+            raise transient(exc) from exc  # opencode is down or its pool full: nothing sent
         except httpx.HTTPError as exc:
-            raise ambiguous(exc) from exc  # cut or timed out mid-turn: the message may be in
+            self._streams.drop(watch)
+            raise ambiguous(exc) from exc  # cut or timed out: the message may be stored
+        except BaseException:
+            self._streams.drop(watch)
+            raise
         status = answer.status
         if 200 <= status < 300:
-            self._log_turn_error(answer, entry)
-            return
+            self._streams.sent(watch)
+            return turn
+        self._streams.drop(watch)
         detail = f"opencode answered {status}: {answer.text()[:300]}"
+        if status == 404 and b"NotFoundError" not in answer.body:
+            detail += " (no prompt_async route: an opencode older than this deliverer supports)"
         if 400 <= status < 500:
             raise RuntimeError(detail)
         raise ambiguous(detail)
 
+    def watch_turns(self, ended: TurnEnded | None) -> None:
+        """``TurnWatcher``: from now on, report each watched turn that opencode says ended to
+        ``ended(ws, ses, turn_id)`` (learned from one event stream per opencode server);
+        None stops every stream and forgets the turns watched."""
+        if ended is None:
+            self._streams.stop()
+        else:
+            self._streams.start(ended)
+
+    @property
+    def watched_turns(self) -> int:
+        """How many turns this deliverer watches now (sent and not yet heard ending)."""
+        return len(self._streams)
+
+    async def turn_state(self, ws: str, ses: str, turn_id: str) -> TurnState:
+        """``TurnWatcher``: RUNNING while the session is busy in opencode, ENDED once it is
+        not, UNKNOWN when opencode cannot be asked; from the live event stream when it
+        watches the turn, else from ``GET /session/status``. The turn is watched from then
+        on (while ``watch_turns`` has a callback)."""
+        try:
+            target = await self._target(ws, ses)
+            session_path(target.session_id)
+        except Exception as exc:
+            log.info("no opencode target to ask about a turn: %s", exc, extra={"turn": turn_id})
+            return TurnState.UNKNOWN
+        return await self._streams.state(self._base(target), target.session_id, ws, ses, turn_id)
+
     async def abort(self, ws: str, ses: str) -> None:
-        """Abort the session's turn in flight (whileBusy interrupt): ``POST /session/{id}/abort``.
-        The turn's own send then answers 200 (``MessageAbortedError``): its prompt is in the
-        transcript, so it counts as delivered and is never sent again."""
-        url = await self._url(ws, ses, "abort")
-        answer = await self._request("POST", url, ABORT_ANSWER_BYTES)
+        """Abort the session's turn in flight (whileBusy interrupt, a turn past its ceiling):
+        ``POST /session/{id}/abort``. opencode then reports the session idle, which ends the
+        turn; its prompt stays in the transcript, delivered, never sent again."""
+        target = await self._target(ws, ses)
+        answer = await self._request(target, "POST", self._url(target, "abort"), ABORT_ANSWER_BYTES)
         if answer.status >= 300:
             raise RuntimeError(f"opencode answered {answer.status} to the abort")
 
-    async def _request(self, method: str, url: str, limit: int, **kwargs: Any) -> Answer:
+    async def _request(
+        self, target: OpencodeTarget, method: str, url: str, limit: int, **kwargs: Any
+    ) -> Answer:
         return await bounded_request(
-            self._client, method, url, limit=limit, deadline=self._timeout, **kwargs
+            self._client_for(self._base(target)),
+            method,
+            url,
+            limit=limit,
+            deadline=self._timeout,
+            **kwargs,
         )
-
-    @staticmethod
-    def _log_turn_error(answer: Answer, entry: Entry) -> None:
-        try:
-            error = answer.json().get("info", {}).get("error")
-        except MalformedAnswer as exc:
-            # Delivered all the same (the status says so): only the turn's error is unread.
-            log.info(
-                "opencode's answer not read for a turn error: %s", exc, extra={"entry": entry.id}
-            )
-            return
-        except AttributeError:
-            return
-        if error:
-            # The prompt is in the transcript; only the turn failed. Re-sending would repeat it.
-            log.warning(
-                "opencode turn ended with an error", extra={"entry": entry.id, "error": error}
-            )
 
     async def verify(self, ws: str, ses: str, entry: Entry) -> Verdict:
         """DELIVERED if an attempt of the entry is in the transcript, ABSENT if provably not,
         INCONCLUSIVE when opencode cannot be read or the window is older than what was read."""
         try:
-            url = await self._url(ws, ses, "message")
-            answer = await self._request("GET", url, self._max_bytes, params={"limit": self._limit})
+            target = await self._target(ws, ses)
+            url = self._url(target, "message")
+            answer = await self._request(
+                target, "GET", url, self._max_bytes, params={"limit": self._limit}
+            )
         except Exception as exc:
             log.info("opencode transcript unreadable: %s", exc, extra={"entry": entry.id})
             return Verdict.INCONCLUSIVE
@@ -342,5 +416,8 @@ class OpencodeDeliverer:
         return Verdict.ABSENT
 
     async def aclose(self) -> None:
-        if self._own_client:
-            await self._client.aclose()
+        """Stop the event streams and close the clients this deliverer made."""
+        await self._streams.close()
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()

@@ -1,0 +1,605 @@
+"""Learn the ends of opencode turns from its event stream (docs/opencode-turns.md).
+
+One ``GET {base}/event`` connection per opencode server, shared by every session of ours on
+it, opened when the first turn there is watched and closed a while after the last one ended
+(``STREAM_LINGER``), or at once by ``close``. opencode reports ``session.status`` (busy /
+idle) and ``session.idle`` for every session of the server; a session that goes idle ends
+every turn of it that we watch, and ``ended(ws, ses, turn)`` is awaited once per turn.
+
+The stream has no replay, so after every (re)connect the server's ``GET /session/status``
+(busy sessions only) is read before the stream counts as live: a watched turn whose session
+is no longer busy there ended while nobody listened. A connection that is cut, refused or
+silent past ``STREAM_READ_TIMEOUT`` (opencode sends a heartbeat every 10 s) is reopened after
+a backoff that doubles from ``BACKOFF_MIN`` to ``BACKOFF_MAX``.
+
+Every byte the agent sends is hostile: ``SSEParser`` holds at most ``max_bytes`` of a line
+and of an event, and skips whatever is longer as it arrives, without buffering it; the status
+answer is read through ``bounded_request``. The table of watched turns is a small record per
+turn (a few hundred bytes), nothing else per session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..core.callbacks import TurnEnded, TurnState
+from .answer import MiB, bounded_request
+
+log = logging.getLogger("prompt_outbox.opencode")
+
+EVENT_MAX_BYTES = MiB  # the default bound of one line, and of one event's data
+STATUS_ANSWER_BYTES = 4 * MiB  # GET /session/status: ~50 bytes per busy session
+STREAM_READ_TIMEOUT = 30.0  # three missed heartbeats: a silent connection is reopened
+STREAM_LINGER = 30.0  # how long a server's stream outlives its last watched turn
+BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0  # seconds between reconnects, doubling
+REPORTS_AT_ONCE = 32  # ``ended`` calls in flight at once (a restart can end thousands)
+# A turn that ended within this long of its send may not be held yet when it is reported
+# (the engine claims after the deliverer returns): an ``ended`` that answers "no such turn"
+# is asked again after these pauses.
+EARLY_WINDOW = 5.0
+EARLY_RETRIES = (0.05, 0.2, 0.5, 1.0, 2.0)
+# prompt_async answers 204 before the turn is under way: on a server's first prompt opencode
+# stored the message and went busy ~0.6 s after its 204 (1.18.33). A status read ends a turn
+# only once its send answered this long ago; a younger one is read again when it comes of age.
+SEND_GRACE = 5.0
+
+_LF, _CR = 0x0A, 0x0D
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched server-sent event: its ``event`` field ("message" when none) and data."""
+
+    event: str
+    data: bytes
+
+
+class SSEParser:
+    """A text/event-stream parser (the WHATWG rules: lines end in CR, LF or CRLF, ``data``
+    lines join with LF, a blank line dispatches, ``:`` starts a comment) that holds at most
+    ``max_bytes`` of a line and of an event's data. A longer line is skipped as its bytes
+    arrive and the event it belongs to is dropped whole (``skipped`` counts them): never a
+    part of an event, never a buffer that grows with what the sender sends."""
+
+    def __init__(self, max_bytes: int = EVENT_MAX_BYTES) -> None:
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be at least 1")
+        self.max_bytes = max_bytes
+        self.skipped = 0
+        self._line = bytearray()
+        self._skipping = False  # inside a line past the bound: drop bytes to its end
+        self._after_cr = False  # the last chunk ended in CR: a leading LF belongs to it
+        self._data = bytearray()
+        self._has_data = False
+        self._event = ""
+        self._broken = False  # the event in progress lost a line: drop it at its end
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """The events that ``chunk`` completes, in order."""
+        out: list[SSEEvent] = []
+        pos, n = 0, len(chunk)
+        if self._after_cr and n and chunk[0] == _LF:
+            pos = 1
+        self._after_cr = False
+        next_cr = chunk.find(b"\r", pos)
+        while pos < n:
+            lf = chunk.find(b"\n", pos)
+            if 0 <= next_cr < pos:
+                next_cr = chunk.find(b"\r", pos)
+            end = min(i for i in (lf, next_cr, n) if i >= 0)
+            self._take(chunk, pos, end)
+            if end == n:
+                break
+            pos = end + 1
+            if chunk[end] == _CR:
+                if pos < n and chunk[pos] == _LF:
+                    pos += 1
+                elif pos == n:
+                    self._after_cr = True
+            if (event := self._line_done()) is not None:
+                out.append(event)
+        return out
+
+    def _take(self, chunk: bytes, start: int, end: int) -> None:
+        if self._skipping or start == end:
+            return
+        if len(self._line) + end - start > self.max_bytes:
+            self._skipping, self._broken = True, True
+            self._line.clear()
+            return
+        self._line += chunk[start:end]
+
+    def _line_done(self) -> SSEEvent | None:
+        if self._skipping:
+            self._skipping = False
+            return None
+        line = bytes(self._line)
+        self._line.clear()
+        if not line:
+            return self._dispatch()
+        if line[0] == 0x3A:  # ":": a comment (opencode's /api streams send heartbeats so)
+            return None
+        name, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            if len(self._data) + len(value) + 1 > self.max_bytes:
+                self._broken = True
+            elif not self._broken:
+                if self._has_data:
+                    self._data += b"\n"
+                self._data += value
+                self._has_data = True
+        elif name == b"event":
+            self._event = value.decode("utf-8", errors="replace")
+        return None  # id, retry and unknown fields: nothing we use
+
+    def _dispatch(self) -> SSEEvent | None:
+        event = None
+        if self._broken:
+            self.skipped += 1
+        elif self._has_data:
+            event = SSEEvent(self._event or "message", bytes(self._data))
+        self._data.clear()
+        self._has_data, self._event, self._broken = False, "", False
+        return event
+
+
+def session_change(data: bytes) -> tuple[str, bool] | None:
+    """``(sessionID, idle)`` from one opencode event's data, or None for anything else (an
+    event of another type, data that is not JSON or not of the expected shape)."""
+    if b'"session.' not in data:  # most events (message parts, deltas) go no further
+        return None
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    props = value.get("properties")
+    if not isinstance(props, dict):
+        return None
+    session = props.get("sessionID")
+    if not isinstance(session, str) or not session:
+        return None
+    kind = value.get("type")
+    if kind == "session.idle":
+        return session, True
+    if kind == "session.status":
+        status = props.get("status")
+        if isinstance(status, dict):
+            return session, status.get("type") == "idle"
+    return None
+
+
+class _Watch:
+    """One watched turn: ours (ws, ses, turn) and where it runs (its server, the opencode
+    session). ``sending`` until its send answered; ``early`` if its session went idle while
+    it was being sent; ``seq`` orders it against the status reads (``TurnStreams._settle``);
+    ``sent_at`` the monotonic time its send answered (0: not sent by us, or not yet)."""
+
+    __slots__ = ("early", "sending", "sent_at", "seq", "server", "ses", "session", "turn", "ws")
+
+    def __init__(
+        self, server: _Server, session: str, ws: str, ses: str, turn: str, seq: int
+    ) -> None:
+        self.server = server
+        self.session = session
+        self.ws, self.ses, self.turn = ws, ses, turn
+        self.seq = seq
+        self.sending = False
+        self.early = False
+        self.sent_at = 0.0
+
+
+class _Server:
+    """One opencode server: its watched turns by opencode session, and its stream.
+    ``connected``: the stream is open and its status read done (what it says is live);
+    ``read_began``: the sequence number at which the latest status read began; ``recheck``:
+    a turn was sent while a status read ran, so the status must be read again."""
+
+    __slots__ = (
+        "base",
+        "connected",
+        "empty_since",
+        "read_began",
+        "recheck",
+        "rechecking",
+        "sessions",
+        "settling_later",
+        "stale",
+        "task",
+    )
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.sessions: dict[str, list[_Watch]] = {}
+        self.task: asyncio.Task[None] | None = None
+        self.connected = False
+        self.read_began = 0
+        self.recheck = False
+        self.rechecking = False
+        self.settling_later = False
+        self.stale = False  # a recheck failed: reconnect (and read the status again)
+        self.empty_since = time.monotonic()
+
+
+ClientFor = Callable[[str], httpx.AsyncClient]
+"""``(base_url) -> client``: the HTTP client (and its connection pool) of one server."""
+
+
+class TurnStreams:
+    """The turns watched on every opencode server, and one event stream per server.
+
+    ``start(ended)`` begins reporting ends; ``watch`` a turn before its send, ``sent`` once
+    the send answered 2xx, ``drop`` it if the send failed; ``state`` answers for a turn from
+    the live stream, or from a status read; ``stop`` / ``close`` end every stream and forget
+    every turn."""
+
+    def __init__(
+        self,
+        client_for: ClientFor,
+        *,
+        timeout: float,
+        connect_timeout: float,
+        max_bytes: int = EVENT_MAX_BYTES,
+    ) -> None:
+        if max_bytes < 1:
+            raise ValueError("event_max_bytes must be at least 1")
+        self._client_for = client_for
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._max_bytes = max_bytes
+        self._ended: TurnEnded | None = None
+        self._servers: dict[str, _Server] = {}
+        self._turns: dict[tuple[str, str, str], _Watch] = {}
+        self._seq = 0
+        self._reports: set[asyncio.Task[None]] = set()  # ``ended`` calls in flight
+        self._chores: set[asyncio.Task[None]] = set()  # status reads asked for, cancelled by stop
+        self._stopped: list[asyncio.Task[None]] = []  # streams cancelled, not yet awaited
+        self._report_slots = asyncio.Semaphore(REPORTS_AT_ONCE)
+
+    # -- what the deliverer calls --
+
+    def start(self, ended: TurnEnded) -> None:
+        """Report turn ends to ``ended`` from now on."""
+        self._ended = ended
+
+    def watch(self, base: str, session: str, ws: str, ses: str, turn: str) -> _Watch | None:
+        """Watch a turn about to be sent (None when nobody is told of ends: not started).
+        An idle of its session from now on counts: the turn may end before its send answers."""
+        if self._ended is None:
+            return None
+        watch = self._add(base, session, ws, ses, turn)
+        watch.sending = True
+        return watch
+
+    def sent(self, watch: _Watch | None) -> None:
+        """The turn's send answered 2xx: its session's next idle ends it."""
+        if watch is None or not watch.sending:
+            return
+        registered = watch.seq
+        watch.sending = False
+        watch.sent_at = time.monotonic()
+        watch.seq = self._next()
+        server = watch.server
+        if watch.early:  # its session went idle while the send was on its way
+            self._finish(watch)
+        elif server.read_began > registered:
+            # A status read began while it was being sent (a connect): that read skipped it,
+            # and its idle may have come before the stream did. Read the status again.
+            server.recheck = True
+            self._recheck(server)
+
+    def drop(self, watch: _Watch | None) -> None:
+        """The send failed: forget the turn (an ambiguous send that is verified delivered is
+        watched anew, by ``state``, under the turn ID the outbox holds it by)."""
+        if watch is not None:
+            self._remove(watch)
+
+    async def state(self, base: str, session: str, ws: str, ses: str, turn: str) -> TurnState:
+        """What opencode says of the turn: from the live stream when it is connected and
+        watches the turn, else from ``GET {base}/session/status`` (busy: RUNNING; absent or
+        idle: ENDED; unreadable: UNKNOWN). A RUNNING or UNKNOWN turn is watched from then on."""
+        watch = self._turns.get((ws, ses, turn))
+        if watch is not None:
+            if watch.early:
+                return TurnState.ENDED
+            if watch.sending or watch.server.connected:
+                return TurnState.RUNNING
+        busy = await self._busy(base)
+        if busy is not None and session not in busy and not (watch and self._young(watch)):
+            if watch is not None:
+                self._remove(watch)  # the caller ends it: no report of ours as well
+            return TurnState.ENDED
+        if watch is None and self._ended is not None:
+            self._add(base, session, ws, ses, turn)
+        return TurnState.UNKNOWN if busy is None else TurnState.RUNNING
+
+    def stop(self) -> None:
+        """Stop reporting: cancel every stream and forget every watched turn (``close``
+        waits for what was cancelled)."""
+        self._ended = None
+        for chore in self._chores:
+            chore.cancel()
+            self._stopped.append(chore)
+        for server in self._servers.values():
+            if server.task is not None:
+                server.task.cancel()
+                self._stopped.append(server.task)
+        self._servers.clear()
+        self._turns.clear()
+
+    async def close(self) -> None:
+        """``stop``, then wait for the streams to end and for the reports begun (within the
+        request timeout; those still running then are cancelled)."""
+        self.stop()
+        stopped, self._stopped = self._stopped, []
+        for task in stopped:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._reports:
+            _, pending = await asyncio.wait(set(self._reports), timeout=self._timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def __len__(self) -> int:
+        """How many turns are watched."""
+        return len(self._turns)
+
+    # -- the table --
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _add(self, base: str, session: str, ws: str, ses: str, turn: str) -> _Watch:
+        key = (ws, ses, turn)
+        if (old := self._turns.get(key)) is not None:
+            self._remove(old)
+        server = self._servers.get(base)
+        if server is None:
+            server = self._servers[base] = _Server(base)
+        watch = _Watch(server, session, ws, ses, turn, self._next())
+        self._turns[key] = watch
+        server.sessions.setdefault(session, []).append(watch)
+        self._ensure_stream(server)
+        return watch
+
+    def _remove(self, watch: _Watch) -> None:
+        key = (watch.ws, watch.ses, watch.turn)
+        if self._turns.get(key) is watch:
+            del self._turns[key]
+        server = watch.server
+        watches = server.sessions.get(watch.session)
+        if watches is not None and watch in watches:
+            watches.remove(watch)
+            if not watches:
+                del server.sessions[watch.session]
+                if not server.sessions:
+                    server.empty_since = time.monotonic()
+
+    def _idle(self, server: _Server, session: str) -> None:
+        """The session is idle: every turn of it that was sent has ended; one being sent
+        ends as soon as its send answers."""
+        for watch in list(server.sessions.get(session, ())):
+            if watch.sending:
+                watch.early = True
+            else:
+                self._finish(watch)
+
+    def _finish(self, watch: _Watch) -> None:
+        self._remove(watch)
+        if self._ended is not None:
+            self._spawn(self._report(watch, self._ended, time.monotonic()), self._reports)
+
+    @staticmethod
+    def _spawn(work: Coroutine[Any, Any, None], into: set[asyncio.Task[None]]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        into.add(task)
+        task.add_done_callback(into.discard)
+
+    async def _report(self, watch: _Watch, ended: TurnEnded, at: float) -> None:
+        """``ended(ws, ses, turn)``, awaited; what it raises is logged. A turn that ended
+        just after its send may not be held yet: "no such turn" is then asked again."""
+        early = bool(watch.sent_at) and at - watch.sent_at < EARLY_WINDOW
+        async with self._report_slots:
+            for pause in (0.0, *(EARLY_RETRIES if early else ())):
+                if pause:
+                    await asyncio.sleep(pause)
+                try:
+                    result = await ended(watch.ws, watch.ses, watch.turn)
+                except Exception:
+                    log.warning(
+                        "reporting the end of an opencode turn failed",
+                        exc_info=True,
+                        extra={"ws": watch.ws, "ses": watch.ses, "turn": watch.turn},
+                    )
+                    return
+                if getattr(result, "ended", True) is not False:
+                    return
+
+    # -- the streams --
+
+    def _ensure_stream(self, server: _Server) -> None:
+        if self._ended is None or self._servers.get(server.base) is not server:
+            return
+        if server.task is not None and not server.task.done():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # the next watch made in a running loop starts it
+        server.task = loop.create_task(self._follow(server), name=f"opencode events {server.base}")
+
+    @staticmethod
+    def _young(watch: _Watch) -> bool:
+        """Sent by us less than ``SEND_GRACE`` ago: it may not show as busy yet."""
+        return bool(watch.sent_at) and time.monotonic() - watch.sent_at < SEND_GRACE
+
+    def _lingered(self, server: _Server) -> bool:
+        return not server.sessions and time.monotonic() - server.empty_since > STREAM_LINGER
+
+    async def _follow(self, server: _Server) -> None:
+        """Keep the server's stream open while it has watched turns (and ``STREAM_LINGER``
+        after), reconnecting with backoff; what goes wrong is logged, never raised."""
+        backoff = BACKOFF_MIN
+        try:
+            while self._ended is not None and not self._lingered(server):
+                try:
+                    if await self._connection(server):
+                        backoff = BACKOFF_MIN
+                except Exception as exc:
+                    log.info("opencode event stream of %s: %r", server.base, exc)
+                finally:
+                    server.connected = False
+                if self._ended is None or self._lingered(server):
+                    break
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+        finally:
+            server.connected = False
+            if self._servers.get(server.base) is server:
+                if server.sessions:  # a turn came as it was leaving: start again
+                    asyncio.get_running_loop().call_soon(self._ensure_stream, server)
+                else:
+                    del self._servers[server.base]
+
+    async def _connection(self, server: _Server) -> bool:
+        """One connection of the stream, until it is cut or nothing is left to watch; True
+        if it got as far as its status read (the backoff starts over)."""
+        client = self._client_for(server.base)
+        timeout = httpx.Timeout(
+            connect=self._connect_timeout,
+            read=STREAM_READ_TIMEOUT,
+            write=self._timeout,
+            pool=self._connect_timeout,
+        )
+        headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        async with client.stream(
+            "GET", server.base + "/event", headers=headers, timeout=timeout
+        ) as response:
+            kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+            encoding = response.headers.get("content-encoding", "").strip().lower()
+            if response.status_code != 200 or kind != "text/event-stream":
+                raise RuntimeError(f"GET /event answered {response.status_code} {kind!r}")
+            if encoding not in ("", "identity"):
+                raise RuntimeError(f"GET /event answered {encoding}-encoded: not decompressed")
+            # Subscribed: what happens from now on comes on the stream; what happened while
+            # nobody listened is in the status. It counts as live once that is read.
+            if not await self._settle(server):
+                return False
+            while server.recheck:
+                if not await self._settle(server):
+                    return False
+            server.connected, server.stale = True, False
+            parser = SSEParser(self._max_bytes)
+            async for chunk in response.aiter_raw():
+                for event in parser.feed(chunk):
+                    change = session_change(event.data)
+                    if change is not None and change[1]:
+                        self._idle(server, change[0])
+                if parser.skipped:
+                    log.warning(
+                        "opencode event stream of %s: %d events past %d bytes skipped",
+                        server.base,
+                        parser.skipped,
+                        self._max_bytes,
+                    )
+                    parser.skipped = 0
+                if server.stale or self._ended is None or self._lingered(server):
+                    break
+        return True
+
+    async def _busy(self, base: str) -> set[str] | None:
+        """The sessions ``GET {base}/session/status`` lists as not idle, or None if it could
+        not be read whole."""
+        try:
+            answer = await bounded_request(
+                self._client_for(base),
+                "GET",
+                base + "/session/status",
+                limit=STATUS_ANSWER_BYTES,
+                deadline=self._timeout,
+            )
+            if answer.status != 200:
+                raise RuntimeError(f"GET /session/status answered {answer.status}")
+            value: Any = answer.json()
+            if not isinstance(value, dict):
+                raise TypeError("GET /session/status answered no object")
+        except Exception as exc:
+            log.info("opencode status of %s unreadable: %r", base, exc)
+            return None
+        return {
+            session
+            for session, status in value.items()
+            if not (isinstance(status, dict) and status.get("type") == "idle")
+        }
+
+    async def _settle(self, server: _Server) -> bool:
+        """Read the server's status and end every watched turn whose session is not busy
+        there. Only turns sent before the read began count: one sent since may not show as
+        busy yet (``sent`` asks for another read). False if the status was unreadable."""
+        began = server.read_began = self._next()
+        server.recheck = False
+        busy = await self._busy(server.base)
+        if busy is None:
+            return False
+        young = False
+        for session, watches in list(server.sessions.items()):
+            if session in busy:
+                continue
+            for watch in list(watches):
+                if watch.sending or watch.seq >= began:
+                    continue
+                if self._young(watch):
+                    young = True
+                else:
+                    self._finish(watch)
+        if young:
+            self._settle_later(server)
+        return True
+
+    def _settle_later(self, server: _Server) -> None:
+        """Read the status again once the youngest turn skipped now comes of age."""
+        if server.settling_later:
+            return
+        server.settling_later = True
+
+        async def run() -> None:
+            try:
+                await asyncio.sleep(SEND_GRACE)
+            finally:
+                server.settling_later = False
+            server.recheck = True
+            self._recheck(server)
+
+        self._spawn(run(), self._chores)
+
+    def _recheck(self, server: _Server) -> None:
+        """Read the status again while the stream is live (a stream not live yet reads it
+        before it counts as live; the next connect reads it anyway). One at a time; one that
+        fails makes the stream reconnect."""
+        if not server.connected or server.rechecking:
+            return
+        server.rechecking = True
+
+        async def run() -> None:
+            try:
+                while server.recheck and server.connected:
+                    if not await self._settle(server):
+                        server.connected, server.stale = False, True
+            finally:
+                server.rechecking = False
+
+        self._spawn(run(), self._chores)

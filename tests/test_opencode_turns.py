@@ -1,0 +1,518 @@
+"""opencode turns (issue 23, points 1 and 3): the send is ``prompt_async`` and hands back a
+``Turn``; the turn's end is learned from one event stream per opencode server, after a cut,
+after opencode restarts, after an abort; every byte of that stream is hostile.
+
+Against a REAL ``opencode serve`` 1.18.33 (offline, with the fake model: ``[sleep N]`` makes
+its answer wait N s), and, for what a real opencode will not do (answer garbage, end a turn
+before its send is answered, hold sends open), against a stand-in HTTP server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import tracemalloc
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from prompt_outbox import Entry
+from prompt_outbox.core.callbacks import Turn, TurnEnd, TurnState, TurnWatcher
+from prompt_outbox.core.errors import TransientDeliveryError
+from prompt_outbox.deliver import OpencodeDeliverer, template_targets
+from prompt_outbox.deliver.answer import MiB
+from prompt_outbox.deliver.opencode import message_id
+from prompt_outbox.deliver.opencode_events import SSEParser, TurnStreams, session_change
+from prompt_outbox.embedded import free_port
+from tests.conftest import eventually, holds
+from tests.fake_model import FakeModel
+from tests.opencode_server import OpencodeServer
+from tests.tcp_proxy import tcp_proxy
+
+WS = "ws"
+
+
+class Ends:
+    """An ``ended`` callback that records each call and answers as ``Outbox.end_turn``:
+    ``answers[turn]`` first, in order, then ended True."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        self.answers: dict[str, list[TurnEnd]] = {}
+
+    async def __call__(self, ws: str, ses: str, turn: str) -> TurnEnd:
+        self.calls.append((ws, ses, turn))
+        queued = self.answers.get(turn)
+        return queued.pop(0) if queued else TurnEnd(True, 1.0)
+
+
+def entry(text: str) -> Entry:
+    now = datetime.now(UTC)
+    return Entry(uuid.uuid4().hex[:16], "c1", "u", text, now, last_attempt_at=now)
+
+
+def assistant_of(server: OpencodeServer, ses: str, user_id: str) -> dict[str, object] | None:
+    """The assistant message answering our user message, from the transcript."""
+    for m in server.transcript(ses):
+        info = m["info"]
+        assert isinstance(info, dict)
+        if info["role"] == "assistant" and info.get("parentID") == user_id:
+            return info
+    return None
+
+
+def completed(info: dict[str, object] | None) -> bool:
+    return info is not None and "completed" in info["time"]  # type: ignore[operator]
+
+
+@contextlib.asynccontextmanager
+async def watching(url: str, **options: float) -> AsyncIterator[tuple[OpencodeDeliverer, Ends]]:
+    deliverer = OpencodeDeliverer(template_targets(url), **options)  # type: ignore[arg-type]
+    ends = Ends()
+    deliverer.watch_turns(ends)
+    try:
+        yield deliverer, ends
+    finally:
+        await deliverer.aclose()
+
+
+# -- against a real opencode ------------------------------------------------------------------
+
+
+async def test_a_send_hands_back_a_turn_and_its_end_is_reported_once(
+    opencode: OpencodeServer, fake_model: FakeModel
+) -> None:
+    ses = opencode.new_session()
+    first = entry(f"[sleep 4] a long turn {uuid.uuid4()}")
+    async with watching(opencode.url) as (deliverer, ends):
+        assert isinstance(deliverer, TurnWatcher)
+        turn = await deliverer(WS, ses, first)
+        # The send came back while the model still sleeps: the turn goes on without us.
+        assert turn == Turn(message_id(first))
+        assert not completed(assistant_of(opencode, ses, turn.id))
+        assert ends.calls == []
+        assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.RUNNING
+        await eventually(lambda: holds(ends.calls == [(WS, ses, turn.id)]), within=30)
+        # Reported after the assistant message completed, never before.
+        assert completed(assistant_of(opencode, ses, turn.id))
+        assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.ENDED
+        assert deliverer.watched_turns == 0
+        # A second turn of the session: reported once too, and the first not again.
+        second = await deliverer(WS, ses, entry(f"a short one {uuid.uuid4()}"))
+        await eventually(lambda: holds(len(ends.calls) == 2), within=30)
+        assert ends.calls == [(WS, ses, turn.id), (WS, ses, second.id)]
+    assert fake_model.user_turns(first.text) == 1
+
+
+async def test_turn_state_without_a_stream_asks_the_status(opencode: OpencodeServer) -> None:
+    ses = opencode.new_session()
+    deliverer = OpencodeDeliverer(template_targets(opencode.url))  # watch_turns never called
+    try:
+        turn = await deliverer(WS, ses, entry(f"[sleep 3] {uuid.uuid4()}"))
+        assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.RUNNING
+        await eventually(lambda: holds(completed(assistant_of(opencode, ses, turn.id))), within=30)
+        assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.ENDED
+        assert deliverer.watched_turns == 0  # nothing is watched without a callback
+    finally:
+        await deliverer.aclose()
+
+
+async def test_the_end_is_learned_after_the_event_stream_was_cut_mid_turn(
+    opencode: OpencodeServer,
+) -> None:
+    ses = opencode.new_session()
+    async with (
+        tcp_proxy(opencode.port) as proxy,
+        watching(proxy.url) as (deliverer, ends),
+    ):
+        turn = await deliverer(WS, ses, entry(f"[sleep 4] {uuid.uuid4()}"))
+        await eventually(lambda: holds(proxy.connections >= 2))  # the send and the stream
+        assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.RUNNING
+        # Cut the stream and keep opencode out of reach until the turn is over: its idle
+        # event goes to nobody, and the stream has no replay.
+        proxy.refusing = True
+        proxy.cut()
+        await eventually(lambda: holds(completed(assistant_of(opencode, ses, turn.id))), within=30)
+        assert ends.calls == []
+        assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.UNKNOWN
+        proxy.refusing = False
+        # The reconnect reads /session/status: the session is no longer busy.
+        await eventually(lambda: holds(ends.calls == [(WS, ses, turn.id)]), within=30)
+
+
+async def test_opencode_killed_and_restarted_mid_turn_ends_the_turn(
+    tmp_path: Path, fake_model: FakeModel
+) -> None:
+    server = OpencodeServer(tmp_path / "oc", fake_model.base_url)
+    server.start()
+    try:
+        ses = server.new_session()
+        async with watching(server.url) as (deliverer, ends):
+            turn = await deliverer(WS, ses, entry(f"[sleep 30] {uuid.uuid4()}"))
+            assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.RUNNING
+            server.stop()  # kill -9: the turn dies with it, and nothing resumes it
+
+            async def unknown() -> bool:
+                return await deliverer.turn_state(WS, ses, turn.id) is TurnState.UNKNOWN
+
+            await eventually(unknown)  # once the stream saw the cut
+            assert ends.calls == []
+            server.start()
+            await eventually(lambda: holds(ends.calls == [(WS, ses, turn.id)]), within=30)
+            assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.ENDED
+    finally:
+        server.stop()
+
+
+async def test_an_abort_ends_a_running_turn(opencode: OpencodeServer) -> None:
+    ses = opencode.new_session()
+    async with watching(opencode.url) as (deliverer, ends):
+        turn = await deliverer(WS, ses, entry(f"[sleep 30] {uuid.uuid4()}"))
+        assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.RUNNING
+        await deliverer.abort(WS, ses)
+        await eventually(lambda: holds(ends.calls == [(WS, ses, turn.id)]), within=20)
+    info = assistant_of(opencode, ses, turn.id)
+    assert info is not None and info["error"]["name"] == "MessageAbortedError"  # type: ignore[index]
+
+
+# -- a stand-in opencode: what a real one does not do on demand -----------------------------
+
+
+Handler = Callable[[], Awaitable[tuple[int, bytes]]]
+
+
+class StandIn:
+    """A loopback HTTP server in the test's loop: ``GET /event`` opens a stream the test
+    writes to (``emit``), ``GET /session/status`` answers ``status``, ``POST
+    .../prompt_async`` runs ``on_prompt`` (default: 204)."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, object] = {}
+        self.on_prompt: Handler | None = None
+        self.streams: list[asyncio.StreamWriter] = []
+        self.stream_opens = 0
+        self.status_reads = 0
+        self.prompts = 0
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def emit(self, data: bytes) -> None:
+        for writer in list(self.streams):
+            writer.write(data)
+            await writer.drain()
+
+    async def event(self, kind: str, session: str, status: str | None = None) -> None:
+        props: dict[str, object] = {"sessionID": session}
+        if status is not None:
+            props["status"] = {"type": status}
+        body = json.dumps({"id": "evt_1", "type": kind, "properties": props})
+        await self.emit(f"data: {body}\n\n".encode())
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                line, *lines = head.decode("latin-1").split("\r\n")
+                _, path, _ = line.split(" ", 2)
+                size = 0
+                for h in lines:
+                    name, _, value = h.partition(":")
+                    if name.strip().lower() == "content-length":
+                        size = int(value)
+                await reader.readexactly(size)
+                path = path.partition("?")[0]
+                if path == "/event":
+                    self.stream_opens += 1
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                        b"Connection: close\r\n\r\n"
+                    )
+                    self.streams.append(writer)
+                    await reader.read()  # until the client goes
+                    return
+                if path == "/session/status":
+                    self.status_reads += 1
+                    status, body = 200, json.dumps(self.status).encode()
+                elif path.endswith("/prompt_async"):
+                    self.prompts += 1
+                    status, body = (204, b"") if self.on_prompt is None else await self.on_prompt()
+                else:
+                    status, body = 404, b"no such route"
+                writer.write(
+                    f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            if writer in self.streams:
+                self.streams.remove(writer)
+            writer.transport.abort()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+
+    async def close(self) -> None:
+        for writer in self.streams:
+            writer.transport.abort()
+        assert self._server is not None
+        self._server.close()
+
+
+@pytest.fixture
+async def stand_in() -> AsyncIterator[StandIn]:
+    agent = StandIn()
+    await agent.start()
+    yield agent
+    await agent.close()
+
+
+async def test_a_turn_that_ends_before_its_send_is_answered_is_reported(
+    stand_in: StandIn,
+) -> None:
+    """The watch begins before the send: an idle that comes before the 204 counts. The
+    outbox holds the turn only once the send returned, so a first "no such turn" is asked
+    again (today's code, watching after the send, never reported this turn)."""
+    async with watching(stand_in.url) as (deliverer, ends):
+        stand_in.status = {"ses_a": {"type": "busy"}}
+        warm = await deliverer(WS, "ses_a", entry("warm the stream up"))
+        await eventually(lambda: holds(len(stand_in.streams) == 1))
+
+        async def idle_first() -> tuple[int, bytes]:
+            await stand_in.event("session.status", "ses_a", "busy")
+            await stand_in.event("session.idle", "ses_a")
+            stand_in.status = {}
+            await asyncio.sleep(0.2)  # the idle is read before the 204 is
+            return 204, b""
+
+        stand_in.on_prompt = idle_first
+        short = entry("a very short turn")
+        ends.answers[message_id(short)] = [TurnEnd(False), TurnEnd(False)]  # not held yet
+        turn = await deliverer(WS, "ses_a", short)
+        await eventually(lambda: holds(len(ends.calls) >= 4))
+        # The idle ended both turns of the session; the second was asked until it was held.
+        assert ends.calls.count((WS, "ses_a", warm.id)) == 1
+        assert ends.calls.count((WS, "ses_a", turn.id)) == 3
+
+
+async def test_a_turn_not_busy_yet_after_its_send_is_not_ended_by_a_status_read(
+    stand_in: StandIn,
+) -> None:
+    """prompt_async answers 204 before the session is busy (on a fresh opencode, ~0.6 s
+    before). A reconnect's status read in that gap must not end the turn: the next prompt
+    would go into it. Here the stream is cut as the send is answered, and the status says
+    nothing is busy until the turn is under way."""
+    async with watching(stand_in.url) as (deliverer, ends):
+
+        async def cut_then_answer() -> tuple[int, bytes]:
+            await eventually(lambda: holds(len(stand_in.streams) == 1))
+            for writer in list(stand_in.streams):
+                writer.transport.abort()
+            return 204, b""
+
+        stand_in.on_prompt = cut_then_answer
+        turn = await deliverer(WS, "ses_a", entry("hello"))
+        reads = stand_in.status_reads
+        await eventually(lambda: holds(stand_in.stream_opens == 2 and len(stand_in.streams) == 1))
+        await eventually(lambda: holds(stand_in.status_reads > reads))  # the reconnect's read
+        await asyncio.sleep(0.1)  # what that read decides is done in the same loop turn
+        assert ends.calls == []
+        stand_in.status = {"ses_a": {"type": "busy"}}
+        await stand_in.event("session.idle", "ses_a")
+        await eventually(lambda: holds(ends.calls == [(WS, "ses_a", turn.id)]))
+
+
+async def test_a_definitive_failure_forgets_the_turn_and_an_old_opencode_is_named(
+    stand_in: StandIn,
+) -> None:
+    async with watching(stand_in.url) as (deliverer, _):
+
+        async def not_found() -> tuple[int, bytes]:
+            return 404, b"404 Not Found"  # an opencode without prompt_async
+
+        stand_in.on_prompt = not_found
+        with pytest.raises(RuntimeError, match="no prompt_async route"):
+            await deliverer(WS, "ses_a", entry("hello"))
+        assert deliverer.watched_turns == 0
+
+        async def no_session() -> tuple[int, bytes]:
+            return 404, b'{"name":"NotFoundError","data":{"message":"Session not found"}}'
+
+        stand_in.on_prompt = no_session
+        with pytest.raises(RuntimeError, match="404") as caught:
+            await deliverer(WS, "ses_a", entry("hello"))
+        assert "prompt_async route" not in str(caught.value)
+        assert deliverer.watched_turns == 0
+
+
+async def test_a_hostile_event_stream_is_bounded_and_does_not_kill_the_watcher(
+    stand_in: StandIn,
+) -> None:
+    """A 10 MB line, garbage JSON, deep nesting, bad UTF-8, unknown and malformed events:
+    none is buffered past the bound (64 KiB here), none stops the stream; the idle that
+    follows still ends the turn."""
+    bound = 64 * 1024
+    async with watching(stand_in.url, event_max_bytes=bound) as (deliverer, ends):
+        stand_in.status = {"ses_a": {"type": "busy"}}
+        turn = await deliverer(WS, "ses_a", entry("hello"))
+        await eventually(lambda: holds(len(stand_in.streams) == 1))
+        gc.collect()
+        tracemalloc.start()
+        try:
+            base, _ = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            piece = b"x" * 65536
+            await stand_in.emit(b"data: ")
+            for _ in range(160):  # 10 MiB in one line, then the line ends
+                await stand_in.emit(piece)
+            await stand_in.emit(b"\n\n")
+            for junk in (
+                b"data: {not json\n\n",
+                b"data: " + b"[" * 100_000 + b"\n\n",  # "session." absent: never parsed
+                b'data: {"type":"session.idle","properties":' + b"[" * 50_000 + b"\n\n",
+                b'data: {"type":"session.idle","properties":{"sessionID":7}}\n\n',
+                b'data: ["session.idle"]\n\n',
+                b"data: \xff\xfe\xfd session.\n\n",
+                b'event: weird\ndata: {"type":"session.unknown","properties":{}}\n\n',
+                b": a comment\nretry: 5\nid: 9\n\n",
+            ):
+                await stand_in.emit(junk)
+            assert ends.calls == []
+            await stand_in.event("session.idle", "ses_a")
+            await eventually(lambda: holds(ends.calls == [(WS, "ses_a", turn.id)]))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        # What it read of the 10 MiB line is gone; what it held at once is a few bounds.
+        assert peak - base < 2 * MiB, peak - base
+        assert stand_in.stream_opens == 1  # the stream was never dropped
+
+
+async def test_each_server_has_its_own_pool(stand_in: StandIn) -> None:
+    """Sends held open on one opencode take that server's connections only: another
+    server's send goes at once, and a send that finds no free connection within
+    ``connect_timeout`` is transient (nothing was sent). The old code shared one pool of
+    100 across every server, and sent the fourth prompt into the held server too."""
+    other = StandIn()
+    await other.start()
+    release = asyncio.Event()
+
+    async def held() -> tuple[int, bytes]:
+        await release.wait()
+        return 204, b""
+
+    stand_in.on_prompt = held
+    urls = {"a": stand_in.url, "b": other.url}
+    deliverer = OpencodeDeliverer(
+        lambda ws, ses: template_targets(urls[ws])(ws, ses),
+        max_connections_per_server=2,  # + 1 for the stream, unused here: 3 at once
+        connect_timeout=0.5,
+    )
+    try:
+        sends = [
+            asyncio.ensure_future(deliverer("a", f"ses_{i}", entry("held"))) for i in (1, 2, 3)
+        ]
+        await eventually(lambda: holds(stand_in.prompts == 3))
+        assert isinstance(await deliverer("b", "ses_b", entry("elsewhere")), Turn)
+        async with asyncio.timeout(30):  # the old code sent it, and it hung with the rest
+            with pytest.raises(TransientDeliveryError):
+                await deliverer("a", "ses_4", entry("no free connection"))
+        assert stand_in.prompts == 3
+        release.set()
+        assert all(isinstance(t, Turn) for t in await asyncio.gather(*sends))
+    finally:
+        release.set()
+        await deliverer.aclose()
+        await other.close()
+
+
+# -- the parts, alone -----------------------------------------------------------------------
+
+
+def test_the_parser_splits_every_line_ending_across_chunks() -> None:
+    stream = b'data: {"a":1}\r\ndata: 2\r\rdata: x\n\n: c\nevent: e\ndata:y\r\n\r\n'
+    whole = SSEParser().feed(stream)
+    assert [(e.event, e.data) for e in whole] == [
+        ("message", b'{"a":1}\n2'),
+        ("message", b"x"),
+        ("e", b"y"),
+    ]
+    for size in (1, 2, 3, 7):
+        parser = SSEParser()
+        pieces = [parser.feed(stream[i : i + size]) for i in range(0, len(stream), size)]
+        assert [e for p in pieces for e in p] == whole
+
+
+def test_the_parser_drops_an_event_past_its_bound_and_keeps_the_next() -> None:
+    parser = SSEParser(max_bytes=10)
+    out = parser.feed(b"data: 0123456789ABC\ndata: ok\n\ndata: 12345\ndata: 67890\n\ndata: b\n\n")
+    assert [e.data for e in out] == [b"b"]
+    assert parser.skipped == 2
+
+
+@pytest.mark.parametrize(
+    ("data", "want"),
+    [
+        (b'{"type":"session.idle","properties":{"sessionID":"s"}}', ("s", True)),
+        (
+            b'{"type":"session.status","properties":{"sessionID":"s","status":{"type":"idle"}}}',
+            ("s", True),
+        ),
+        (
+            b'{"type":"session.status","properties":{"sessionID":"s","status":{"type":"busy"}}}',
+            ("s", False),
+        ),
+        (b'{"type":"message.updated","properties":{"sessionID":"s"}}', None),
+        (b'{"type":"session.status","properties":{"sessionID":"s","status":"idle"}}', None),
+        (b"session.", None),
+        (b'{"type":"session.idle","properties":{"sessionID":""}}', None),
+    ],
+)
+def test_session_changes_are_read_from_well_formed_events_only(
+    data: bytes, want: tuple[str, bool] | None
+) -> None:
+    assert session_change(data) == want
+
+
+async def test_ten_thousand_watched_turns_cost_under_a_kib_each() -> None:
+    """A held turn is a record in the table, not a task or a connection: 10,000 of them,
+    with IDs of real lengths, cost at most 1 KiB each beyond the empty table."""
+    down = f"http://127.0.0.1:{free_port()}"  # its stream only retries: nothing to hold
+    client = httpx.AsyncClient()
+    streams = TurnStreams(lambda base: client, timeout=1.0, connect_timeout=1.0)
+    streams.start(Ends())
+    n = 10_000
+    try:
+        gc.collect()
+        tracemalloc.start()
+        before, _ = tracemalloc.get_traced_memory()
+        for i in range(n):  # the IDs made here, as each send makes its own: counted
+            session, ses = f"ses_{uuid.uuid4().hex[:26]}", f"s{i:07d}-{uuid.uuid4().hex[:8]}"
+            turn = f"msg_{i:026d}"
+            streams.sent(streams.watch(down, session, "workspace-1", ses, turn))
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert len(streams) == n
+        assert (after - before) / n <= 1024, (after - before) / n
+    finally:
+        await streams.close()
+        await client.aclose()
+
+
+def test_a_deliverer_is_a_turn_watcher_with_the_documented_defaults() -> None:
+    deliverer = OpencodeDeliverer(template_targets("http://127.0.0.1:1"))
+    assert isinstance(deliverer, TurnWatcher)
+    with pytest.raises(ValueError, match="max_connections_per_server"):
+        OpencodeDeliverer(template_targets("http://127.0.0.1:1"), max_connections_per_server=0)
+    with pytest.raises(ValueError, match="event_max_bytes"):
+        OpencodeDeliverer(template_targets("http://127.0.0.1:1"), event_max_bytes=0)
