@@ -239,7 +239,12 @@ async def test_ambiguous_send_verified_delivered_is_not_resent(
     assert await manual_outbox.list(WS, SES) == []
     clock.advance(FAST.turn_check_interval)
     await manual_outbox.deliver_once(WS, SES, hook)
-    assert {"turn": [entry.id], "workspace": [WS], "session": [SES]} in agent.asked
+    assert {
+        "turn": [entry.id],
+        "workspace": [WS],
+        "session": [SES],
+        "id": [entry.id],
+    } in agent.asked
     assert agent.ids() == [entry.id]  # one POST only
     # It said "ended": the session is free, and its next prompt goes.
     second = await manual_outbox.accept(WS, SES, "u", "c2", "next")
@@ -363,7 +368,8 @@ async def test_the_webhook_deliverer_asks_the_verify_url_how_a_turn_goes(
         "t-run": "running",
         "t-end": "ENDED",
         "t-plain": b" ended\n",  # a plain word, as for the entry verdicts
-        "t-gone": "absent",  # an entry's word, not a turn's
+        "t-gone": "absent",  # no turn's word
+        "t-kept": "delivered",  # a verify URL that knows only entries: as it meant before
         "t-pad": b"ended" + b" " * VERIFY_ANSWER_BYTES,  # past the bound: no verdict from part
     }
     asked = {turn: await hook.turn_state(WS, SES, turn) for turn in agent.turns}
@@ -372,11 +378,13 @@ async def test_the_webhook_deliverer_asks_the_verify_url_how_a_turn_goes(
         "t-end": TurnState.ENDED,
         "t-plain": TurnState.ENDED,
         "t-gone": TurnState.UNKNOWN,
+        "t-kept": TurnState.ENDED,
         "t-pad": TurnState.UNKNOWN,
     }
     # The turn, its workspace and session as query parameters (a turn ID is the receiver's
-    # own, and may repeat across sessions).
-    assert agent.asked[0] == {"turn": ["t-run"], "workspace": [WS], "session": [SES]}
+    # own, and may repeat across sessions); the ID as ``id`` too, for an old verify URL.
+    want = {"turn": ["t-run"], "workspace": [WS], "session": [SES], "id": ["t-run"]}
+    assert agent.asked[0] == want
     weird = "a/b&c=d %"
     agent.turns[weird] = "ended"
     assert await hook.turn_state(WS, SES, weird) == TurnState.ENDED
@@ -394,3 +402,31 @@ async def test_a_turn_state_nobody_can_give() -> None:
     assert await gone.turn_state(WS, SES, "t") == TurnState.UNKNOWN
     await quiet.aclose()
     await gone.aclose()
+
+
+async def test_a_verify_url_written_before_turns_lets_a_verified_turn_end(
+    manual_outbox: Outbox, clock: ManualClock
+) -> None:
+    """FlakyAgent's verify URL knows only ``?id=`` (as every one written before turns): after
+    a cut send it verified, the session is held in a turn named by the entry ID, and the check
+    of that turn reads its ``delivered`` as ended, so the next prompt goes. Asked ``?turn=``
+    alone it answered ``absent`` (no ``id``): unknown, and the session was held until
+    ``turn_ceiling`` + ``turn_grace`` (the demo stalled)."""
+    agent = FlakyAgent(faults={"cut_after_recording": 1.0}, secret=SECRET)
+    hook = WebhookDeliverer(agent.url, secret=SECRET, verify_url=agent.verify_url, timeout=5)
+    manual_outbox.set_verifier(hook.verify)
+    try:
+        first = await manual_outbox.accept(WS, SES, "u", "c1", "one")
+        second = await manual_outbox.accept(WS, SES, "u", "c2", "two")
+        await manual_outbox.deliver_once(WS, SES, hook)  # cut after the agent recorded it
+        clock.advance(FAST.verify_delay)
+        await manual_outbox.deliver_once(WS, SES, hook)  # verified: held in its turn
+        assert [e.id for e in await manual_outbox.list(WS, SES)] == [second.id]
+        clock.advance(FAST.turn_check_interval)
+        await manual_outbox.deliver_once(WS, SES, hook)  # the check: ended
+        await manual_outbox.deliver_once(WS, SES, hook)  # the next prompt goes
+        assert agent.recorded(first.id) and agent.recorded(second.id)
+        assert agent.seen[first.id] == 1
+    finally:
+        await hook.aclose()
+        agent.close()

@@ -20,9 +20,12 @@ so holding the session is what keeps the next one out of a running turn. Any oth
 
 The optional verify URL answers ``GET {verify_url}?id=<entry id>`` with ``delivered``,
 ``absent`` or anything else (inconclusive), as plain text or JSON ``{"status": ...}``; and
-``GET {verify_url}?turn=<turn id>&workspace=<ws>&session=<ses>`` with ``running`` or
-``ended`` (anything else, or no answer: unknown, asked again later). Without a verify URL a
-turn is RUNNING to whoever asks: only the end route or the ceiling ends it.
+``GET {verify_url}?turn=<turn id>&workspace=<ws>&session=<ses>&id=<turn id>`` with ``running``
+or ``ended`` (anything else, or no answer: unknown, asked again later). The ``id`` is for a
+verify URL written before turns, which reads only it: asked of a turn named by its entry ID
+(the engine's, after an ambiguous send it verified), its ``delivered`` counts as ended, as
+that answer meant before. Without a verify URL a turn is RUNNING to whoever asks: only the end
+route or the ceiling ends it.
 
 Both requests read at most a few KiB of the answer, within ``timeout`` in total
 (``answer.bounded_request``): the send's body is only looked at for an error detail, so a long
@@ -54,7 +57,14 @@ log = logging.getLogger("prompt_outbox.webhook")
 SEND_ANSWER_BYTES = 4 * KiB  # read only for an error detail (its first 200 characters)
 VERIFY_ANSWER_BYTES = 4 * KiB  # a word, or {"status": ...}
 TURN_STATUS = 202  # "accepted, still working": the only answer that can hand back a turn
-_TURN_STATES = {"running": TurnState.RUNNING, "ended": TurnState.ENDED}
+# A turn's verify answer. "delivered" is the answer of a verify URL that knows only entries
+# (it reads the ``id`` sent beside ``turn``), about a turn named by its entry ID: it has the
+# prompt and answered, which is all a receiver of the blocking shape can say of its turn.
+_TURN_STATES = {
+    "running": TurnState.RUNNING,
+    "ended": TurnState.ENDED,
+    "delivered": TurnState.ENDED,
+}
 
 
 class WebhookDeliverer:
@@ -161,7 +171,8 @@ class WebhookDeliverer:
                 self._client,
                 "GET",
                 self.verify_url,
-                params={"turn": turn_id, "workspace": ws, "session": ses},
+                # ``id`` too: a verify URL written before turns reads only it (see _TURN_STATES).
+                params={"turn": turn_id, "workspace": ws, "session": ses, "id": turn_id},
                 limit=VERIFY_ANSWER_BYTES,
                 deadline=self._timeout,
             )
