@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import tracemalloc
@@ -20,8 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import valkey.asyncio as valkey_async
 
-from prompt_outbox import Entry
+from prompt_outbox import Entry, Outbox
 from prompt_outbox.core.callbacks import Turn, TurnEnd, TurnState, TurnWatcher
 from prompt_outbox.core.errors import TransientDeliveryError
 from prompt_outbox.deliver import OpencodeDeliverer, template_targets
@@ -29,7 +31,7 @@ from prompt_outbox.deliver.answer import MiB
 from prompt_outbox.deliver.opencode import message_id
 from prompt_outbox.deliver.opencode_events import SSEParser, TurnStreams, session_change
 from prompt_outbox.embedded import free_port
-from tests.conftest import eventually, holds
+from tests.conftest import FAST, eventually, holds
 from tests.fake_model import FakeModel
 from tests.opencode_server import OpencodeServer
 from tests.tcp_proxy import tcp_proxy
@@ -178,6 +180,40 @@ async def test_an_abort_ends_a_running_turn(opencode: OpencodeServer) -> None:
         await eventually(lambda: holds(ends.calls == [(WS, ses, turn.id)]), within=20)
     info = assistant_of(opencode, ses, turn.id)
     assert info is not None and info["error"]["name"] == "MessageAbortedError"  # type: ignore[index]
+
+
+async def test_through_the_run_loop_the_next_prompt_waits_for_the_turn(
+    client: valkey_async.Valkey, opencode: OpencodeServer, fake_model: FakeModel
+) -> None:
+    """Issue 23's first finding, end to end: A's turn (4 s) is far longer than every
+    timeout in the stack (1 s), yet B reaches opencode only after A's turn completed, and
+    each prompt runs once. The old deliverer's send timed out, was verified delivered, and B
+    went into A's running turn."""
+    outbox = Outbox(client, dataclasses.replace(FAST, delivery_timeout=1.0))
+    deliverer = OpencodeDeliverer(template_targets(opencode.url), timeout=1.0)
+    outbox.set_verifier(deliverer.verify)
+    ses = opencode.new_session()
+    a, b = f"[sleep 4] A {uuid.uuid4()}", f"B {uuid.uuid4()}"
+    async with outbox.running(deliverer):
+        await outbox.accept(WS, ses, "u1", "c1", a)
+        await outbox.accept(WS, ses, "u1", "c2", b)
+
+        async def drained() -> bool:
+            return await outbox.list(WS, ses) == []
+
+        await eventually(lambda: holds(fake_model.user_turns(b) == 1), within=40)
+        await eventually(drained)
+    await deliverer.aclose()
+    users = [m["info"] for m in opencode.transcript(ses) if m["info"]["role"] == "user"]  # type: ignore[index]
+    assert [
+        [p["text"] for p in m["parts"] if p["type"] == "text"]  # type: ignore[index,union-attr]
+        for m in opencode.transcript(ses)
+        if m["info"]["role"] == "user"  # type: ignore[index]
+    ] == [[a], [b]]
+    a_done = assistant_of(opencode, ses, str(users[0]["id"]))  # type: ignore[index]
+    assert completed(a_done)
+    assert users[1]["time"]["created"] >= a_done["time"]["completed"]  # type: ignore[index]
+    assert fake_model.user_turns(a) == 1 and fake_model.user_turns(b) == 1
 
 
 # -- a stand-in opencode: what a real one does not do on demand -----------------------------
