@@ -21,6 +21,7 @@ from prompt_outbox import (
     TurnState,
 )
 from prompt_outbox.core.events import QueueEvent
+from prompt_outbox.core.keys import OWNERS
 from prompt_outbox.storage.client import Client
 from tests.conftest import FAST, eventually, holds
 
@@ -225,3 +226,23 @@ async def test_a_blocking_deliverer_still_holds_no_turn(client: Client) -> None:
         await outbox.accept(WS, SES, "u", "c2", "B")
         await eventually(lambda: holds(sent == ["A", "B"]))
     assert outbox.metrics.turns_started._value.get() == 0
+
+
+async def test_the_turns_of_a_worker_whose_heartbeat_lapsed_are_released(client: Client) -> None:
+    # A worker that owned a turn and died: its turn record names it, its heartbeat lapsed.
+    gone = Outbox(client, TURNS)
+    gone._engine.turns.owner = "w-gone"  # as a running worker's Turns.keeping sets it
+    dead = WatchingAgent()
+    await gone.accept(WS, SES, "u", "c1", "A")
+    await gone.accept(WS, SES, "u", "c2", "B")
+    assert not await gone.deliver_once(WS, SES, dead)  # A's turn is held, owned by w-gone
+    await client.zadd(OWNERS, {"w-gone": 1})
+    [b] = await gone.list(WS, SES)
+    assert b.in_turn_for >= 0 and b.blocked_by_in_flight
+    # Its check in Valkey is at the ceiling (two hours): only the release brings it sooner.
+    second = WatchingAgent()  # A's turn is over by now: a check finds it ended
+    worker = Outbox(client, TURNS)
+    async with worker.running(second):
+        await eventually(lambda: holds(second.delivered == ["B"]))
+    assert second.asked[:1] == ["turn-A"]
+    assert await client.zscore(OWNERS, "w-gone") is None  # taken off, by the one who released

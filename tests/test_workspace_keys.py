@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from prompt_outbox import Entry, Outbox, ambiguous
+from prompt_outbox import Entry, Outbox, Turn, ambiguous
 from prompt_outbox.core.keys import WORKSPACE_KEY_PREFIXES, SessionKeys, WorkspaceKeys, buckets
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.replies import text
@@ -53,7 +53,8 @@ async def every_transition(
 ) -> set[str]:
     """Drive a session through accept, a worker dying mid-send (staging and its lock left),
     recovery, an unverifiable error, edit, retry, dismiss, a claim whose worker dies in
-    OnDelivered (its owed call left), park and unpark; the keys seen after each step."""
+    OnDelivered (its owed call left), park and unpark, an ambiguous send, and a turn left
+    held by its owner; the keys seen after each step."""
     seen: set[str] = set()
 
     async def look() -> None:
@@ -89,6 +90,23 @@ async def every_transition(
     await outbox.unpark_workspace(ws)
     clock.advance(60)
     assert await outbox.deliver_once(ws, ses, ScriptedAgent([ambiguous("cut")]))
+    await look()
+
+    # A turn owned by a running worker (its owner recorded for the workspace), left held.
+    async def turn_agent(w: str, s: str, entry: Entry) -> Turn:
+        return Turn(f"turn-{entry.id}")
+
+    outbox._engine.turns.owner = "w-test"  # as Turns.keeping sets it
+    try:
+        await outbox.accept(ws, ses, "u", "t", "a turn")
+        for _ in range(9):  # the session's entries, the last one's turn left held
+            await outbox.deliver_once(ws, ses, turn_agent)
+            lock = await client.get(SessionKeys(ws, ses).lock)
+            if lock:
+                assert text(lock).startswith("turn:")
+                break
+    finally:
+        outbox._engine.turns.owner = ""
     await look()
     return seen
 

@@ -20,7 +20,6 @@ from .core.callbacks import (
     LedgerProbe,
     RetryResult,
     TurnEnd,
-    TurnWatcher,
     Verifier,
     Wiring,
 )
@@ -327,32 +326,26 @@ class Outbox:
         otherwise. It calls ``recover()`` as it starts.
         """
         loop = self._run_loop(deliverer, tick)
-        loop.start()
-        try:
-            yield
-        finally:
-            await self._stop(loop, deliverer)
+        async with self._engine.turns.keeping(deliverer, self.end_turn, self._detached):
+            loop.start()
+            try:
+                yield
+            finally:
+                await loop.stop()
         loop.raise_failure()  # a loop that died of a bug says so here, not silently
 
     async def run(self, deliverer: Deliverer, tick: float = 1.0) -> None:
         """``running`` as a task: deliver until cancelled, join every delivery it started,
         then re-raise the CancelledError."""
         loop = self._run_loop(deliverer, tick)
-        loop.start()
-        try:
-            await loop.wait()
-        finally:
-            await self._stop(loop, deliverer)
-
-    @staticmethod
-    async def _stop(loop: RunLoop, deliverer: Deliverer) -> None:
-        await loop.stop()
-        if isinstance(deliverer, TurnWatcher):
-            deliverer.watch_turns(None)
+        async with self._engine.turns.keeping(deliverer, self.end_turn, self._detached):
+            loop.start()
+            try:
+                await loop.wait()
+            finally:
+                await loop.stop()
 
     def _run_loop(self, deliverer: Deliverer, tick: float) -> RunLoop:
-        if isinstance(deliverer, TurnWatcher):  # its agent's reports end turns from now on
-            deliverer.watch_turns(self.end_turn)
         return RunLoop(
             store=self._store,
             engine=self._engine,

@@ -29,6 +29,10 @@ LEGACY_WORKSPACES = "outboxworkspaces"
 """The registry before the due index (a ZSET workspace -> last accept ms). Read once at start
 (``Store.migrate_legacy_registry``) and folded into the buckets, then deleted."""
 
+OWNERS = "outboxowners"
+"""ZSET worker ID -> ms its heartbeat lapses: the workers that own turns (core/turns.py). One
+key for the whole store, one write per worker per beat."""
+
 WORKSPACE_KEY_PREFIXES: tuple[str, ...] = (
     "outboxq:",
     "outboxd:",
@@ -45,6 +49,7 @@ WORKSPACE_KEY_PREFIXES: tuple[str, ...] = (
     "outboxcount:",
     "outboxoldest:",
     "outboxlogbytes:",
+    "outboxturns:",
 )
 """The prefix of every key that belongs to one workspace: each is ``<prefix>{<ws>}``, alone
 or followed by ``:`` and the rest. Cleanup deletes exactly the keys under these
@@ -192,6 +197,12 @@ class WorkspaceKeys:
         (``lib.lua`` ``emit``). The current and the previous window hold every byte the logs
         can still hold: accepts and edits stop past ``Tunables.workspace_log_bytes``."""
         return f"outboxlogbytes:{{{self.ws}}}"
+
+    @property
+    def turns(self) -> str:
+        """HASH session -> owner: the workspace's turns held by a running worker (core/turns.py),
+        where another looks for them when that worker's heartbeat lapses (``OWNERS``)."""
+        return f"outboxturns:{{{self.ws}}}"
 
     @property
     def bucket(self) -> BucketKeys:

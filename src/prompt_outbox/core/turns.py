@@ -1,11 +1,20 @@
 """A session held in turn (DESIGN.md §8): the record in its lock, and what a check decides.
 
 While the agent works on a delivered prompt, the session's lock holds
-``turn:<check ms>:<record JSON>`` instead of a worker's token. No worker holds anything: the
-session is due again at its check time, when whichever worker visits it asks the agent (the
-turn's end is usually heard sooner, from the agent's own stream or the end route). The lock's
-own expiry is the hard bound, ``turn_ceiling + turn_grace`` after the send, so a session whose
-agent never answers is let go in the end.
+``turn:<check ms>:<record JSON>`` instead of a worker's token. No worker holds a task, a slot
+or a request for it. Its end comes from the agent (a watcher's stream, the end route), or from
+a check: a worker asks the agent. Who checks:
+
+- a turn with an ``owner`` (a running worker, alive by its heartbeat in Valkey: one write per
+  worker, whatever it holds) is asked about in that worker's memory every
+  ``turn_check_interval``, at no Valkey cost; its check time in Valkey is its ceiling. When the
+  owner stops or dies, another worker releases its turns (owner '', check now) and the first
+  loop to visit one checks it and owns it from then on;
+- a turn without one (sent by ``deliver_once``, or released) is due at its check time, when
+  whichever worker visits the session asks the agent.
+
+The lock's own expiry is the hard bound, ``turn_ceiling + turn_grace`` after the send and a
+margin, so a session whose agent never answers is let go in the end.
 
     delivered --Turn--> in turn --ended (watcher, end route, check)--> free: next entry sent
                                 --check: running--> in turn (next check)
@@ -44,9 +53,12 @@ class TurnHold:
     check_ms: int
     why: str = ""
     abort: bool = False
+    owner: str = ""
 
     def encode(self) -> str:
-        record = {"turn": self.turn, "entry": self.entry, "since": self.since_ms}
+        record: dict[str, object] = {"turn": self.turn, "entry": self.entry, "since": self.since_ms}
+        if self.owner:
+            record["owner"] = self.owner
         if self.why:
             record["why"] = self.why[:300]
         if self.abort:
@@ -76,16 +88,33 @@ def decode_turn(lock_value: str) -> TurnHold | None:
             check_ms=int(check),
             why=str(record.get("why", "")),
             abort=bool(record.get("abort", False)),
+            owner=str(record.get("owner", "")),
         )
     except (ValueError, TypeError, KeyError):
         return None
 
 
-def started(turn: str, entry: str, now_ms: int, t: Tunables, *, check_now: bool) -> TurnHold:
+def next_check(since_ms: int, now_ms: int, owner: str, t: Tunables) -> int:
+    """When Valkey makes a turn due for a check: an owned one at its ceiling (its owner asks
+    meanwhile), past it or unowned after ``turn_check_interval``."""
+    ceiling = since_ms + round(t.turn_ceiling * 1000)
+    if owner and now_ms < ceiling:
+        return ceiling
+    return now_ms + round(t.turn_check_interval * 1000)
+
+
+def started(
+    turn: str, entry: str, now_ms: int, t: Tunables, *, owner: str, check_now: bool
+) -> TurnHold:
     """The hold a delivery begins. ``check_now``: first ask the agent at once (a send that was
-    verified, whose turn nobody watches yet); else after ``turn_check_interval``."""
-    check = now_ms if check_now else now_ms + round(t.turn_check_interval * 1000)
-    return TurnHold(turn, entry, now_ms, check)
+    verified, whose turn nobody watches yet)."""
+    check = now_ms if check_now else next_check(now_ms, now_ms, owner, t)
+    return TurnHold(turn, entry, now_ms, check, owner=owner)
+
+
+def released(hold: TurnHold, now_ms: int) -> TurnHold:
+    """A turn whose owner stopped or died: unowned, checked by the first loop to visit it."""
+    return replace(hold, owner="", check_ms=now_ms)
 
 
 def hold_ms(t: Tunables) -> int:
@@ -105,23 +134,32 @@ class Decision:
 
 
 def after_check(
-    hold: TurnHold, state: TurnState, reason: str, now_ms: int, t: Tunables, *, can_abort: bool
+    hold: TurnHold,
+    state: TurnState,
+    reason: str,
+    now_ms: int,
+    t: Tunables,
+    *,
+    can_abort: bool,
+    owner: str = "",
 ) -> Decision:
     """What a worker does with what the agent said of a turn it checked (``reason``: why the
-    state is UNKNOWN, if it is)."""
+    state is UNKNOWN, if it is). A turn kept is the checker's from then on (``owner``: its
+    heartbeat's ID, '' for a worker without one)."""
     lasted = hold.seconds(now_ms)
-    next_check = now_ms + round(t.turn_check_interval * 1000)
+    hold = replace(hold, owner=owner)
+    later = next_check(hold.since_ms, now_ms, owner, t)
     if state is TurnState.ENDED:
         return Decision(end=ENDED)
     if state is TurnState.RUNNING:
         if lasted >= t.turn_ceiling:
             return Decision(end=CEILING, abort=can_abort)
         if hold.abort:  # an interrupt: ask the agent; its end comes as any other
-            keep = replace(hold, check_ms=next_check, why="abort asked", abort=False)
+            keep = replace(hold, check_ms=later, why="abort asked", abort=False)
             return Decision(keep=keep, abort=can_abort)
-        return Decision(keep=replace(hold, check_ms=next_check, why=""))
+        return Decision(keep=replace(hold, check_ms=later, why=""))
     if lasted >= t.turn_ceiling + t.turn_grace:
         return Decision(end=UNREACHABLE)
     why = f"the agent did not say whether the turn ended: {reason}"[:300]
-    keep = replace(hold, check_ms=next_check, why=why)
+    keep = replace(hold, check_ms=later, why=why)
     return Decision(keep=keep, abort=hold.abort and can_abort)

@@ -216,8 +216,10 @@ class Engine:
         else:
             held = None
         claimed = await self.claim(k, hold.lockval, entry, via, hold, raw=raw, turn=held)
-        if claimed and held is not None and via == "verify":
-            await self.store.due.mark(k.ws, self.now_ms())  # its check is due now
+        if claimed and held is not None:
+            self.turns.began(k, held[0])
+            if via == "verify":
+                await self.store.due.mark(k.ws, self.now_ms())  # its check is due now
         return Step.TURN if held is not None else Step.ACTED
 
     async def _verify(
@@ -267,22 +269,31 @@ class Engine:
         hold: Hold | None = None,
         *,
         raw: str | None = None,
-        turn: tuple[str, int] | None = None,
+        turn: tuple[str, int, str] | None = None,
     ) -> bool:
         """Complete the entry; True (and OnDelivered fired) if this call claimed it. With a
         hook wired, the claim also records the OnDelivered call it owes (see ``notify``).
         Within a drain (``hold``) that takes another step, the claim also answers that step.
         ``raw``: the entry's stored JSON, when the caller has it (else it is encoded).
-        ``turn``: the value and expiry of the turn the session is held in from now on."""
+        ``turn``: the value, expiry and owner of the turn the session is held in from now on."""
         grace_ms = round(self.tunables.hook_retry_after * 1000) if self.wiring.on_delivered else 0
         next_ms = self.lease_ms if hold is not None and hold.want_next and not turn else 0
-        value, turn_ms = turn or ("", 0)
+        value, turn_ms, owner = turn or ("", 0, "")
         if raw is None:
             raw = entry.to_json()
         claimed = await self._bookkeep(
             "complete",
             lambda: self.store.complete(
-                k, raw, entry.id, lockval, self.now_ms(), grace_ms, next_ms, value, turn_ms
+                k,
+                raw,
+                entry.id,
+                lockval,
+                self.now_ms(),
+                grace_ms,
+                next_ms,
+                value,
+                turn_ms,
+                owner,
             ),
         )
         if claimed is None or claimed.claim is not Claim.CLAIMED:

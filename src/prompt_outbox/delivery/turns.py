@@ -1,31 +1,46 @@
-"""Sessions held in turn (DESIGN.md §8, core/turns.py): checking a turn nobody heard end, and
-ending one, from whatever learned it (a watcher, the end route, a check).
+"""Sessions held in turn (DESIGN.md §8, core/turns.py): owning, checking and ending turns.
 
-No worker holds a turn: its record is the session's lock in Valkey, due at its check time.
-A check is a short visit by any worker's run loop (``Engine.step`` on acquire.lua's TURN
-reply); an end is one script call that lets the session's next entry go.
+No worker holds a turn with a task, a slot or a request: its record is the session's lock in
+Valkey. A running worker (``keeping``) owns the turns it starts: a record each in memory,
+asked about every ``turn_check_interval`` (a watcher answers from its stream), one heartbeat
+in Valkey whatever it holds. A turn without a live owner is checked by whichever run loop
+visits it (``Engine.step`` on acquire.lua's TURN reply), which then owns it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..core import machine, turns
-from ..core.callbacks import Aborter, Deliverer, TurnEnd, TurnState, TurnWatcher
-from ..core.keys import SessionKeys
+from ..core.callbacks import Aborter, Deliverer, TurnEnd, TurnEnded, TurnState, TurnWatcher
+from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.metrics import Metrics
 from ..core.settings import Tunables
-from ..storage.store import Store
+from ..storage.store import TRANSIENT_ERRORS, Store
+from .tasks import Detached
 
 log = logging.getLogger("prompt_outbox")
 T = TypeVar("T")
+_ASKS_AT_ONCE = 64  # an owner's in-memory checks in flight together
+
+
+@dataclass(slots=True)
+class Owned:
+    """A turn this worker owns: ~200 bytes, the whole cost of holding it here."""
+
+    turn: str
+    since_ms: int
 
 
 class Turns:
-    """Check and end the turns of one Outbox's sessions."""
+    """Own, check and end the turns of one Outbox's sessions."""
 
     def __init__(
         self,
@@ -40,18 +55,35 @@ class Turns:
         self.metrics = metrics
         self.now_ms = now_ms
         self._bookkeep = bookkeep
+        self.owner = ""  # this worker's heartbeat ID while ``keeping``; '' owns nothing
+        self.owned: dict[tuple[str, str], Owned] = {}
 
-    def hold(self, turn_id: str, entry_id: str, *, check_now: bool) -> tuple[str, int]:
-        """The lock value and expiry (ms) of a turn that begins now."""
+    # -- a turn begins, is checked, ends ----------------------------------------------------
+
+    def hold(self, turn_id: str, entry_id: str, *, check_now: bool) -> tuple[str, int, str]:
+        """The lock value, expiry (ms) and owner of a turn that begins now."""
         t = self.tunables
-        begun = turns.started(turn_id, entry_id, self.now_ms(), t, check_now=check_now)
+        begun = turns.started(
+            turn_id, entry_id, self.now_ms(), t, owner=self.owner, check_now=check_now
+        )
+        return begun.encode(), turns.hold_ms(t), begun.owner
+
+    def began(self, k: SessionKeys, value: str) -> None:
+        """A claim handed the session to the turn ``value``: own it if it says so."""
         self.metrics.turns_started.inc()
-        return begun.encode(), turns.hold_ms(t)
+        self._own(k, turns.decode_turn(value))
+
+    def _own(self, k: SessionKeys, hold: turns.TurnHold | None) -> None:
+        if hold is not None and hold.owner and hold.owner == self.owner:
+            self.owned[(k.ws, k.ses)] = Owned(hold.turn, hold.since_ms)
 
     async def end(self, k: SessionKeys, turn_id: str, why: str = turns.ENDED) -> TurnEnd:
         """End the session's turn of that ID, if it still holds it; its next entry is then due."""
+        mine = self.owned.get((k.ws, k.ses))
+        if mine is not None and mine.turn == turn_id:
+            del self.owned[(k.ws, k.ses)]
         now = self.now_ms()
-        since = await self.store.end_turn(k, turn_id, now, why)
+        since = await self.store.turns.end_turn(k, turn_id, now, why)
         if since is None:
             return TurnEnd(False)
         seconds = max(0.0, (now - since) / 1000)
@@ -64,35 +96,46 @@ class Turns:
         return TurnEnd(True, seconds)
 
     async def check(self, k: SessionKeys, value: str, deliverer: Deliverer) -> bool:
-        """Ask the agent about a turn whose check came (``value``: the lock as acquire.lua
-        handed it out); True if the turn ended (the session's next entry may go)."""
+        """Ask the agent about a turn whose check came in Valkey (``value``: the lock as
+        acquire.lua handed it out); True if the turn ended (the next entry may go)."""
         hold = turns.decode_turn(value)
         if hold is None:
             return False
-        state, reason = TurnState.RUNNING, ""  # nobody to ask: the ceiling lets it go
-        if isinstance(deliverer, TurnWatcher):
-            answer, failure = await self._bounded(deliverer.turn_state(k.ws, k.ses, hold.turn))
-            if failure is not None:
-                state, reason = TurnState.UNKNOWN, machine.describe(failure)
-            elif isinstance(answer, TurnState):
-                state = answer
-                reason = "the agent could not be asked"
-            else:
-                state, reason = TurnState.UNKNOWN, f"turn_state answered {answer!r:.80}"
-        self.metrics.turn_checks.labels(state=state.value).inc()
+        state, reason = await self._ask(k, hold, deliverer)
         now = self.now_ms()
         aborter = deliverer if isinstance(deliverer, Aborter) else None
         decision = turns.after_check(
-            hold, state, reason, now, self.tunables, can_abort=aborter is not None
+            hold, state, reason, now, self.tunables, can_abort=aborter is not None, owner=self.owner
         )
         if decision.abort and aborter is not None:
             await self._abort(k, aborter, hold)
         if decision.end:
             return (await self.end(k, hold.turn, decision.end)).ended
         if decision.keep is not None:
-            new = decision.keep.encode()
-            await self._bookkeep("turn check", lambda: self.store.keep_turn(k, value, new, now))
+            new, owner = decision.keep.encode(), decision.keep.owner
+            kept = await self._bookkeep(
+                "turn check", lambda: self.store.turns.keep_turn(k, value, new, now, owner)
+            )
+            if kept:
+                self._own(k, decision.keep)
         return False
+
+    async def _ask(
+        self, k: SessionKeys, hold: turns.TurnHold, deliverer: Deliverer
+    ) -> tuple[TurnState, str]:
+        """What the agent says of the turn; nobody to ask (not a watcher): running, and the
+        ceiling lets it go."""
+        if not isinstance(deliverer, TurnWatcher):
+            return TurnState.RUNNING, ""
+        answer, failure = await self._bounded(deliverer.turn_state(k.ws, k.ses, hold.turn))
+        if failure is not None:
+            state, reason = TurnState.UNKNOWN, machine.describe(failure)
+        elif isinstance(answer, TurnState):
+            state, reason = answer, "the agent could not say"
+        else:
+            state, reason = TurnState.UNKNOWN, f"turn_state answered {answer!r:.80}"
+        self.metrics.turn_checks.labels(state=state.value).inc()
+        return state, reason
 
     async def _abort(self, k: SessionKeys, aborter: Aborter, hold: turns.TurnHold) -> None:
         _, failure = await self._bounded(aborter.abort(k.ws, k.ses))
@@ -110,3 +153,91 @@ class Turns:
                 return await call, None
         except Exception as exc:
             return None, exc
+
+    # -- a running worker's ownership --------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def keeping(
+        self, deliverer: Deliverer, ended: TurnEnded, detached: Detached
+    ) -> AsyncIterator[None]:
+        """While a run loop runs: wire the deliverer's watcher to ``ended``, own the turns
+        this worker starts (a heartbeat in Valkey, and the turns asked about in memory), and
+        release the turns of owners whose heartbeat lapsed. On the way out, release its own,
+        so the other workers check them at once."""
+        if isinstance(deliverer, TurnWatcher):
+            deliverer.watch_turns(ended)
+        self.owner = f"w{secrets.token_hex(8)}"
+        task = detached.start(self._keep(deliverer))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *TRANSIENT_ERRORS):
+                await task
+            owner, self.owner = self.owner, ""
+            if isinstance(deliverer, TurnWatcher):
+                deliverer.watch_turns(None)
+            with contextlib.suppress(*TRANSIENT_ERRORS):
+                if await self.store.turns.claim_dead(owner):
+                    await self.release(owner)
+            self.owned.clear()
+
+    async def _keep(self, deliverer: Deliverer) -> None:
+        t = self.tunables
+        beat = t.lease_ttl / 3
+        asked = time.monotonic()
+        while True:
+            try:
+                now = self.now_ms()
+                dead = await self.store.turns.beat(self.owner, now + round(t.lease_ttl * 1000), now)
+                for owner in dead:
+                    if owner != self.owner and await self.store.turns.claim_dead(owner):
+                        await self.release(owner)
+                if time.monotonic() - asked >= t.turn_check_interval:
+                    asked = time.monotonic()
+                    await self._ask_owned(deliverer)
+            except TRANSIENT_ERRORS as exc:
+                log.warning("turn keeping interrupted: %s", exc)
+            except Exception:
+                log.exception("turn keeping pass failed")
+            await asyncio.sleep(beat)
+
+    async def _ask_owned(self, deliverer: Deliverer) -> None:
+        """Ask the agent about every turn this worker owns; end those it says ended."""
+        if not isinstance(deliverer, TurnWatcher):
+            return
+        gate = asyncio.Semaphore(_ASKS_AT_ONCE)
+
+        async def one(ws: str, ses: str, mine: Owned) -> None:
+            async with gate:
+                k = SessionKeys(ws, ses)
+                state, _ = await self._ask(
+                    k, turns.TurnHold(mine.turn, "", mine.since_ms, 0), deliverer
+                )
+                if state is TurnState.ENDED:
+                    await self.end(k, mine.turn)
+
+        await asyncio.gather(*(one(ws, ses, m) for (ws, ses), m in list(self.owned.items())))
+
+    async def release(self, owner: str) -> int:
+        """Release every turn of ``owner`` (stopped, or its heartbeat lapsed): unowned and due
+        for a check now, in each workspace it held turns in. How many were released."""
+        released = 0
+        for ws in await self.store.walk.workspaces():
+            now, here = self.now_ms(), 0
+            for ses, who in (await self.store.turns.turn_owners(WorkspaceKeys(ws))).items():
+                k = SessionKeys(ws, ses)
+                value = await self.store.turns.lock_value(k) if who == owner else ""
+                hold = turns.decode_turn(value)
+                if hold is None or hold.owner != owner:
+                    continue
+                new = turns.released(hold, now).encode()
+                here += await self.store.turns.keep_turn(k, value, new, now, "")
+            if here:
+                await self.store.due.mark(ws, now)
+            released += here
+        if released:
+            log.info(
+                "released the turns of a worker gone", extra={"owner": owner, "count": released}
+            )
+        return released

@@ -42,13 +42,13 @@ from .replies import (
     Requeue,
     SessionTally,
     Snapshot,
-    TurnWrite,
     Write,
     lowered_ms,
     parse,
     text,
 )
 from .scripts import sources
+from .turnstore import TurnStore
 from .walk import Walk
 
 _CLAIM_MARKER_TTL_MS = 3_600_000  # far longer than any retry of one completion
@@ -101,6 +101,8 @@ class Store:
         self.due = DueIndex(client, self._scripts)
         self.walk = Walk(client, self.due)
         """The walks over every workspace (maintenance, recovery, counts, admin)."""
+        self.turns = TurnStore(client, self._run, self.due)
+        """Sessions held in turn: their ends, checks and owners (storage/turnstore.py)."""
         self._pipe = None
         if not isinstance(client, ValkeyCluster):
             self._pipe = AutoPipeline(client, self.load_scripts)
@@ -248,17 +250,19 @@ class Store:
         next_lease_ms: int = 0,
         turn: str = "",
         turn_ms: int = 0,
+        owner: str = "",
     ) -> Claimed:
         """The cross-list claim (complete.lua). CLAIMED: this caller fires OnDelivered. With
         ``grace_ms`` > 0 the claim records the OnDelivered call it owes (``entry`` is what
         the hook gets), for another worker to make if this one dies first. With
         ``next_lease_ms`` > 0 a claim also answers the caller's next step, as ``acquire``
         would (the lock re-leased for that long, or let go). With ``turn`` (a turn's value,
-        core/turns.py) the claim hands the lock to the turn for ``turn_ms`` instead."""
+        core/turns.py) the claim hands the lock to the turn for ``turn_ms`` instead, owned
+        by ``owner`` if not ''."""
         w = k.workspace
-        keys = [*k.script_keys(), k.claim(entry_id), w.notices, w.notices_due]
+        keys = [*k.script_keys(), k.claim(entry_id), w.notices, w.notices_due, w.turns]
         args = [k.ses, entry_id, lockval, now_ms, _CLAIM_MARKER_TTL_MS, entry, grace_ms]
-        args += [next_lease_ms, turn, turn_ms]
+        args += [next_lease_ms, turn, turn_ms, owner]
         claim, rest = parse(Claim, await self._run("complete", keys, args))
         if claim is Claim.CLAIMED and rest:
             return Claimed(claim, await self._acquired(k, rest))
@@ -329,25 +333,6 @@ class Store:
         if lowered is not None:
             await self.due.mark(k.ws, lowered)
         return word is Held.OK
-
-    async def end_turn(self, k: SessionKeys, turn_id: str, now_ms: int, why: str) -> int | None:
-        """End the session's turn of that ID (turn_end.lua): when it began (ms), or None if
-        the session holds no such turn. Marks the due index if that made work due sooner."""
-        args = [k.ses, turn_id, now_ms, why]
-        word, rest = parse(TurnWrite, await self._run("turn_end", k.script_keys(), args))
-        if word is TurnWrite.GONE:
-            return None
-        lowered = lowered_ms(rest[1])
-        if lowered is not None:
-            await self.due.mark(k.ws, lowered)
-        return int(text(rest[0]))
-
-    async def keep_turn(self, k: SessionKeys, old: str, new: str, now_ms: int) -> bool:
-        """Swap a checked turn's value for its next one (turn_check.lua); False if it moved."""
-        args = [k.ses, old, new, now_ms]
-        return parse(TurnWrite, await self._run("turn_check", k.script_keys(), args))[0] is (
-            TurnWrite.OK
-        )
 
     async def lock(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:
         """Take the lock unless another holder has it (lock.lua). The workspace is marked

@@ -18,6 +18,7 @@
     KEYS[11]   claim marker outboxclaim:{ws}:{ses}:<id>
     KEYS[12]   owed OnDelivered calls (HASH)
     KEYS[13]   their due times (ZSET)
+    KEYS[14]   the workspace's turns by owner (HASH session -> owner)
     ARGV[1]    session ID
     ARGV[2]    entry ID
     ARGV[3]    lock value
@@ -30,6 +31,8 @@
                the claim hands the session's lock to the turn instead of a next step
                (ARGV[8] is then 0)
     ARGV[10]   the turn's hold, ms: the lock's expiry while in turn
+    ARGV[11]   the turn's owner ('' none): recorded in KEYS[14], where a worker that finds
+               the owner dead looks for the turns to release
 
   Output:
     {'ok'}     this caller claimed it (now, or in an earlier call whose reply was lost)
@@ -76,6 +79,7 @@ local claimed = removed > 0 or mine
 if claimed and turn ~= '' then
   -- The session is now the turn's: held, by no worker, until the turn ends.
   redis.call('SET', KEYS[L], turn, 'PX', ARGV[10])
+  if ARGV[11] ~= '' then redis.call('HSET', KEYS[14], ses, ARGV[11]) end
   emit(KEYS, 'turn', id, turn)
 end
 if removed > 0 and not (error_d or error_q) then

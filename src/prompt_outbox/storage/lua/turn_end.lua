@@ -5,6 +5,7 @@
 
   Input:
     KEYS[1..10] session keys
+    KEYS[11]   the workspace's turns by owner (HASH session -> owner)
     ARGV[1]    session ID
     ARGV[2]    turn ID
     ARGV[3]    now, ms
@@ -24,6 +25,7 @@ local record = decode(string.sub(cur, string.find(cur, ':', 6, true) + 1))
 if not record or record.turn ~= turn then return {'gone'} end
 local before = ready_of(KEYS, ses)
 redis.call('DEL', KEYS[L])
+redis.call('HDEL', KEYS[11], ses)
 local since = tonumber(record.since) or now
 local ended = {turn = turn, entry = record.entry, seconds = math.max(0, now - since) / 1000, why = why}
 emit(KEYS, 'turn_ended', tostring(record.entry), cjson.encode(ended))
