@@ -120,10 +120,9 @@ async def run_api(
     webhook_secret: bytes | None = None,
 ) -> None:
     """Serve the API until SIGINT / SIGTERM. ``head_timeout`` bounds the seconds a request
-    head may take, ``max_connections`` the connections held at once (``cli/heads.py``;
-    None: ``streams.per_process`` + ``CONNECTIONS_BEYOND_STREAMS``), ``readers`` what
-    clients that stop reading may hold, and how long (``cli/stalls.py``); ``webhook_secret``
-    checks a webhook receiver's signed turn ends (``api/turns.py``)."""
+    head may take, ``max_connections`` the connections held at once (``cli/heads.py``; None:
+    ``streams.per_process`` + ``CONNECTIONS_BEYOND_STREAMS``), ``readers`` what clients that
+    stop reading may hold, and how long (``cli/stalls.py``); ``webhook_secret``: create_app's."""
     readers = readers or Readers()
     try:
         app = create_app(
