@@ -169,6 +169,7 @@ def test_deliverer_options_are_checked(tmp_path: Path) -> None:
         ),
         (["--webhook-url", "http://127.0.0.1:1/h"], "signing secret"),
         (["--opencode-targets", str(bad_map)], "bad entry"),
+        (["--opencode-url", "http://127.0.0.1:2", "--opencode-connections", "0"], "x>=1"),
     ]
     env = {k: v for k, v in os.environ.items() if k != "PROMPT_OUTBOX_WEBHOOK_SECRET"}
     for args, message in cases:

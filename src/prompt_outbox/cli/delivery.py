@@ -63,10 +63,18 @@ def delivery_options(command: F) -> F:
         ),
         click.option(
             "--opencode-timeout",
-            default=120.0,
+            default=30.0,
             show_default=True,
             type=float,
-            help="seconds to wait for a turn; past it the send is verified",
+            help="seconds one request to opencode may take (a send takes ~0.1 s; the turn "
+            "goes on after it); past it the send is verified",
+        ),
+        click.option(
+            "--opencode-connections",
+            default=32,
+            show_default=True,
+            type=click.IntRange(min=1),
+            help="connections per opencode server (+1 for its event stream)",
         ),
     ]
     for option in reversed(options):
@@ -82,6 +90,7 @@ def build_delivery(
     opencode_session: str,
     opencode_targets: str | None,
     opencode_timeout: float,
+    opencode_connections: int = 32,
 ) -> Delivery | None:
     """The configured deliverer, or None when none is (usage errors say what is missing)."""
     opencode = opencode_url is not None or opencode_targets is not None
@@ -107,7 +116,10 @@ def build_delivery(
         password = os.environ.get("OPENCODE_SERVER_PASSWORD", "")
         user = os.environ.get("OPENCODE_SERVER_USERNAME", "opencode")
         agent = OpencodeDeliverer(
-            targets, timeout=opencode_timeout, auth=(user, password) if password else None
+            targets,
+            timeout=opencode_timeout,
+            auth=(user, password) if password else None,
+            max_connections_per_server=opencode_connections,
         )
         return Delivery(agent, agent.verify, agent.aclose)
     return None
