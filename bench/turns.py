@@ -200,6 +200,8 @@ async def run(turns: int, window: float, samples: int, check_interval: float) ->
                 if ask(control, "turns") >= turns:
                     break
                 await asyncio.sleep(0.5)
+            else:
+                raise RuntimeError(f"the worker held {ask(control, 'turns')} of {turns} turns")
             filled = time.monotonic() - started
             # The steady state: every turn's first check has come (they are staggered as
             # the sends were), so the window below holds their share of the checks.

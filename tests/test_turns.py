@@ -235,7 +235,7 @@ async def test_the_turns_of_a_worker_whose_heartbeat_lapsed_are_released(client:
     dead = WatchingAgent()
     await gone.accept(WS, SES, "u", "c1", "A")
     await gone.accept(WS, SES, "u", "c2", "B")
-    assert not await gone.deliver_once(WS, SES, dead)  # A's turn is held, owned by w-gone
+    assert await gone.deliver_once(WS, SES, dead)  # A sent; its turn held, owned by w-gone
     await client.zadd(OWNERS, {"w-gone": 1})
     [b] = await gone.list(WS, SES)
     assert b.in_turn_for >= 0 and b.blocked_by_in_flight

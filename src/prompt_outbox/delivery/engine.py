@@ -111,9 +111,9 @@ class Engine:
                 hold.want_next = max_steps is None or steps + 1 < max_steps
                 step = await self.step(k, deliverer, hold)
                 steps += 1
+                acted = acted or step in (Step.ACTED, Step.TURN)
                 if step is not Step.ACTED:
                     break
-                acted = True
         finally:
             await self._forget_ran(k, hold)
             # A claim's WAIT / IDLE let the lock go already; any other last step holds it.
