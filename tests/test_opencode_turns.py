@@ -367,6 +367,21 @@ async def test_a_turn_not_busy_yet_after_its_send_is_not_ended_by_a_status_read(
         await eventually(lambda: holds(ends.calls == [(WS, "ses_a", turn.id)]))
 
 
+async def test_checks_of_many_turns_share_one_status_read(stand_in: StandIn) -> None:
+    """A worker asks about every turn it holds each check interval; with no live stream
+    (here: no turn watched), 200 turns of one server asked at once cost one status read."""
+    deliverer = OpencodeDeliverer(template_targets(stand_in.url))
+    try:
+        stand_in.status = {f"ses_{i}": {"type": "busy"} for i in range(0, 200, 2)}
+        states = await asyncio.gather(
+            *(deliverer.turn_state(WS, f"ses_{i}", f"msg_{i}") for i in range(200))
+        )
+        assert states == [TurnState.RUNNING, TurnState.ENDED] * 100
+        assert stand_in.status_reads == 1
+    finally:
+        await deliverer.aclose()
+
+
 async def test_a_definitive_failure_forgets_the_turn_and_an_old_opencode_is_named(
     stand_in: StandIn,
 ) -> None:

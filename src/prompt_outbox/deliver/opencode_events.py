@@ -267,6 +267,7 @@ class TurnStreams:
         self._chores: set[asyncio.Task[None]] = set()  # status reads asked for, cancelled by stop
         self._stopped: list[asyncio.Task[None]] = []  # streams cancelled, not yet awaited
         self._report_slots = asyncio.Semaphore(REPORTS_AT_ONCE)
+        self._status_reads: dict[str, asyncio.Future[set[str] | None]] = {}
 
     # -- what the deliverer calls --
 
@@ -316,7 +317,7 @@ class TurnStreams:
                 return TurnState.ENDED
             if watch.sending or watch.server.connected:
                 return TurnState.RUNNING
-        busy = await self._busy(base)
+        busy = await self._shared_busy(base)
         if busy is not None and session not in busy and not (watch and self._young(watch)):
             if watch is not None:
                 self._remove(watch)  # the caller ends it: no report of ours as well
@@ -545,6 +546,16 @@ class TurnStreams:
             for session, status in value.items()
             if not (isinstance(status, dict) and status.get("type") == "idle")
         }
+
+    async def _shared_busy(self, base: str) -> set[str] | None:
+        """``_busy`` for ``state``: the checks of many turns of one server at once (a worker
+        asks about each turn it holds every check interval) share one read in flight."""
+        read = self._status_reads.get(base)
+        if read is None:
+            read = asyncio.ensure_future(self._busy(base))
+            self._status_reads[base] = read
+            read.add_done_callback(lambda _: self._status_reads.pop(base, None))
+        return await asyncio.shield(read)
 
     async def _settle(self, server: _Server) -> bool:
         """Read the server's status and end every watched turn whose session is not busy
