@@ -197,6 +197,11 @@ async def test_a_turn_past_its_ceiling_is_checked_aborted_and_let_go(client: Cli
     assert outbox.metrics.turns_ended.labels(why="ceiling")._value.get() >= 1
 
 
+async def _waiting_with_why(outbox: Outbox) -> list[Entry]:
+    listed = await outbox.list(WS, SES)
+    return listed if listed and listed[0].turn_why else []
+
+
 async def test_an_agent_that_cannot_answer_holds_the_turn_to_its_bound(client: Client) -> None:
     t = dataclasses.replace(TURNS, turn_ceiling=0.3, turn_grace=1.0)
     outbox = Outbox(client, t)
@@ -207,8 +212,10 @@ async def test_an_agent_that_cannot_answer_holds_the_turn_to_its_bound(client: C
         await outbox.accept(WS, SES, "u", "c2", "B")
         await eventually(lambda: holds(len(agent.asked) >= 1))
         # The agent cannot say: held (past the ceiling too), and B says why it waits.
-        [b] = await outbox.list(WS, SES)
+        [b] = await eventually(lambda: _waiting_with_why(outbox))
         assert b.in_turn_for > 0 and agent.delivered == ["A"]
+        assert "did not say whether the turn ended" in b.turn_why
+        assert '"turnWhy":' in b.to_list_json()
         await eventually(lambda: holds(agent.delivered == ["A", "B"]), within=10)
     assert agent.aborts == []  # nothing to abort on the agent's word
     assert outbox.metrics.turns_ended.labels(why="unreachable")._value.get() == 1

@@ -536,6 +536,11 @@ export interface components {
             text: string;
             /** Transientfails */
             transientFails?: number | null;
+            /**
+             * Turnwhy
+             * @description why that turn is still held: the agent could not say whether it ended
+             */
+            turnWhy?: string | null;
             /** Userid */
             userID: string;
             /** Verifyattempts */

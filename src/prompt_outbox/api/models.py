@@ -40,6 +40,10 @@ class EntryOut(BaseModel):
         description="nanoseconds the session has been in turn: the agent works on a delivered "
         "prompt, and this entry waits for the turn to end",
     )
+    turnWhy: str | None = Field(
+        default=None,
+        description="why that turn is still held: the agent could not say whether it ended",
+    )
 
 
 class EntryList(BaseModel):

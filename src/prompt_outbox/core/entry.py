@@ -31,7 +31,8 @@ class Entry:
 
     ``model`` is the caller's raw JSON text, stored and returned unchanged. ``blocked_by_in_flight``
     and ``in_flight_for`` (seconds) are set by ``Outbox.list`` only and never stored; so is
-    ``in_turn_for``, on entries waiting for the agent's turn on a delivered one to end.
+    ``in_turn_for``, on entries waiting for the agent's turn on a delivered one to end, and
+    ``turn_why``, why that turn is still held when the agent could not be asked.
     """
 
     id: str
@@ -50,6 +51,7 @@ class Entry:
     blocked_by_in_flight: bool = field(default=False, compare=False)
     in_flight_for: float = field(default=0.0, compare=False)
     in_turn_for: float = field(default=0.0, compare=False)
+    turn_why: str = field(default="", compare=False)
 
     def to_json(self) -> str:
         """The stored form: the seed's field names, ``model`` spliced in as raw JSON."""
@@ -105,6 +107,8 @@ def _tail(e: Entry, with_list_fields: bool) -> str:
         parts.append(f'"inFlightFor":{round(e.in_flight_for * 1e9)}')
     if with_list_fields and e.in_turn_for:
         parts.append(f'"inTurnFor":{round(e.in_turn_for * 1e9)}')
+    if with_list_fields and e.turn_why:
+        parts.append(f'"turnWhy":{dump(e.turn_why, ensure_ascii=False)}')
     return ",".join(parts)
 
 

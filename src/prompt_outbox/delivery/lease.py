@@ -39,19 +39,21 @@ def held_for(lock_value: str, pttl_ms: int, now: datetime, lock_ttl: float) -> f
 def listed(snap: Snapshot, now: datetime, lock_ttl: float) -> list[Entry]:
     """``Outbox.list``'s entries: while the session is held (a delivery's lock, or a turn),
     pending entries carry ``blocked_by_in_flight`` and ``in_flight_for`` (seconds the hold has
-    lasted), and in turn also ``in_turn_for``: "sending..." or "the agent is working" versus
-    "frozen"."""
+    lasted), and in turn also ``in_turn_for`` (and ``turn_why``, when a check could not settle
+    it): "sending..." or "the agent is working" versus "frozen"."""
     entries = [decode_entry(raw) for raw in (*snap.staging, *snap.queue)]
     lock_value = snap.lock_value
     if not lock_value:
         return entries
     turn = decode_turn(lock_value)
+    why = ""
     if turn is not None:
         held = in_turn = turn.seconds(to_ms(now))
+        why = turn.why
     else:
         held, in_turn = held_for(lock_value, snap.lock_pttl_ms, now, lock_ttl), 0.0
     return [
-        replace(e, blocked_by_in_flight=True, in_flight_for=held, in_turn_for=in_turn)
+        replace(e, blocked_by_in_flight=True, in_flight_for=held, in_turn_for=in_turn, turn_why=why)
         if e.status is Status.PENDING
         else e
         for e in entries

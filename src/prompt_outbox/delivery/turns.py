@@ -163,7 +163,7 @@ class Turns:
         """While a run loop runs: wire the deliverer's watcher to ``ended``, own the turns
         this worker starts (a heartbeat in Valkey, and the turns asked about in memory), and
         release the turns of owners whose heartbeat lapsed. On the way out, release its own,
-        so the other workers check them at once."""
+        so the other workers check them at once (in the workspaces it knows them in)."""
         if isinstance(deliverer, TurnWatcher):
             deliverer.watch_turns(ended)
         self.owner = f"w{secrets.token_hex(8)}"
@@ -177,10 +177,13 @@ class Turns:
             owner, self.owner = self.owner, ""
             if isinstance(deliverer, TurnWatcher):
                 deliverer.watch_turns(None)
-            with contextlib.suppress(*TRANSIENT_ERRORS):
-                if await self.store.turns.claim_dead(owner):
-                    await self.release(owner)
+            # Ours, where we know them: no walk over every workspace on the way out. Our
+            # heartbeat is left to lapse: the worker that then finds it walks them all,
+            # for any turn of ours a lost reply kept out of ``owned``.
+            where = sorted({ws for ws, _ in self.owned})
             self.owned.clear()
+            with contextlib.suppress(*TRANSIENT_ERRORS):
+                await self.release(owner, where)
 
     async def _keep(self, deliverer: Deliverer) -> None:
         t = self.tunables
@@ -219,11 +222,12 @@ class Turns:
 
         await asyncio.gather(*(one(ws, ses, m) for (ws, ses), m in list(self.owned.items())))
 
-    async def release(self, owner: str) -> int:
+    async def release(self, owner: str, where: list[str] | None = None) -> int:
         """Release every turn of ``owner`` (stopped, or its heartbeat lapsed): unowned and due
-        for a check now, in each workspace it held turns in. How many were released."""
+        for a check now, in each workspace it held turns in (``where``, when known; else every
+        workspace is looked at). How many were released."""
         released = 0
-        for ws in await self.store.walk.workspaces():
+        for ws in where if where is not None else await self.store.walk.workspaces():
             now, here = self.now_ms(), 0
             for ses, who in (await self.store.turns.turn_owners(WorkspaceKeys(ws))).items():
                 k = SessionKeys(ws, ses)
