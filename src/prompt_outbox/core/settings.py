@@ -86,7 +86,9 @@ class Tunables:
     parked_sweep_interval: float = 60.0
     # Ours: the lease, the worker pool, and the safety nets.
     lease_ttl: float = 0.0
-    concurrency: int = 64
+    # Sessions one loop delivers at once: 1,000 deliverers that block for a whole turn (each
+    # ~10 KiB of the worker's memory); a pass reads only what its free slots can start.
+    concurrency: int = 1000
     repair_interval: float = 5 * _MINUTE
     idle_workspace_ttl: float = _HOUR
     bookkeeping_timeout: float = 30.0

@@ -7,6 +7,13 @@ A tick costs one read per due-index bucket plus one visit per workspace with due
 (storage/dueindex.py): idle workspaces cost nothing. An accept wakes the loop at once
 (``Wakeups`` in this process, a published message across processes), so an idle loop starts
 delivering within milliseconds; ``tick`` only bounds a sleep.
+
+Fair share (DESIGN.md §8): the ``concurrency`` slots go round-robin across the workspaces with
+due sessions, one session each per round, the workspace this loop served least recently
+first (then the one whose due mark is oldest). One workspace's backlog takes one slot per
+round, however long it is, and a workspace that a fresh accept woke takes one of the next
+slots. A pass reads only what its free slots can start (``_limit``), so a loop holding 1,000
+drains costs no more per pass than one holding ten, and a full loop reads nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -29,6 +37,15 @@ from .maintenance import Maintenance
 from .tasks import Detached, join
 
 log = logging.getLogger("prompt_outbox.worker")
+
+MIN_READ = 16
+"""The fewest marks per bucket and due sessions per workspace a pass reads, however few slots
+are free: enough to see past workspaces whose marks stay old (a writer marking between the
+loop's read and its move keeps the old one), so a waiting workspace is not hidden behind them."""
+
+ROTATION_MEMORY = 4096
+"""Workspaces a loop remembers serving (the least recent forgotten first, which puts them
+where they were already: at the front of the rotation)."""
 
 
 class Wakeups:
@@ -83,6 +100,15 @@ class RunLoop:
         self.stopping = False
         self.passes: dict[str, asyncio.Task[None]] = {}
         self.owed: dict[str, asyncio.Task[None]] = {}  # owed-hook passes, by workspace
+        # Sessions started by the last pass and by this one so far: their drains may not have
+        # taken their locks yet, so the index may list them as due still (see _limit).
+        self._started_before = self._started_now = 0
+        # The last pass left due sessions it could not start: a wake-up then jumps no queue.
+        self._backlog = False
+        # Workspace -> when this loop last gave it a slot (a count of slots given), oldest
+        # first: the rotation's order.
+        self._served: OrderedDict[str, int] = OrderedDict()
+        self._slots_given = 0
         self.woken: set[str] = set()  # workspaces named by wake-ups since the last pass
         # A wake channel was (re)subscribed: its node may have restarted and lost the tail of
         # its AOF (marks among it), which only a full repair pass finds.
@@ -158,55 +184,128 @@ class RunLoop:
                     await self.wake.wait()
 
     async def _start_due_sessions(self) -> float:
-        """Visit the workspaces a wake-up named, then every workspace marked due; seconds
-        until the next mark falls due."""
-        limit = self.tunables.concurrency
-        now_ms = self.engine.now_ms()
-        woken, self.woken = self.woken, set()
-        if woken:  # no bucket scan first: the delivery starts one round trip sooner
-            await self._visit(await self.store.due.visits_of(sorted(woken), now_ms, limit), now_ms)
-        found, next_ms = await self.store.due.due_visits(now_ms, limit)
-        later = await self._visit(found, now_ms)
-        if len(self.active) >= self.tunables.concurrency:
-            # Full: marks left due now stay for other loops; this one waits for a drain to
-            # finish (which sets the wake event) instead of scanning again at once.
+        """Visit the workspaces a wake-up named, then every workspace marked due, sharing the
+        free slots among them (``_share``); seconds until the next pass is due."""
+        self._started_before, self._started_now = self._started_now, 0
+        if self._free() <= 0 or self.stopping:
+            # Full: no read at all. Marks stay due, for other loops and for this one's next
+            # pass, which a finishing drain starts (it sets the wake event); that pass reads
+            # the workspaces woken meanwhile (past ROTATION_MEMORY of them, its scan finds
+            # them in time).
+            if len(self.woken) > ROTATION_MEMORY:
+                self.woken.clear()
+            self._backlog = True
             return self.tick
-        times = [t for t in (next_ms, later) if t is not None]
+        woken, self.woken = self.woken, set()
+        due = self.store.due
+        now_ms = self.engine.now_ms()
+        left, later = False, None
+        if woken and not self._backlog:
+            # Nobody was left waiting here: no bucket scan first, the delivery starts one
+            # round trip sooner.
+            limit = self._limit()
+            left, later = await self._visit(
+                await due.visits_of(sorted(woken), now_ms, limit), now_ms, limit
+            )
+            woken = set()
+        limit = self._limit()
+        # With a backlog a wake-up jumps no queue: the woken workspaces (those served least
+        # recently, as many as the pass may start) are read with the scan, and all share.
+        named = sorted(woken, key=lambda ws: (self._served.get(ws, -1), ws))[:limit]
+        (found, next_ms), named_found = await asyncio.gather(
+            due.due_visits(now_ms, limit), due.visits_of(named, now_ms, limit)
+        )
+        every = {mark.ws: (mark, visit) for mark, visit in named_found}
+        every.update((mark.ws, (mark, visit)) for mark, visit in found)
+        found_left, found_later = await self._visit(list(every.values()), now_ms, limit)
+        self._backlog = left or found_left or next_ms == now_ms
+        if self._free() <= 0:
+            return self.tick  # a finishing drain sets the wake event
+        if self._backlog:
+            return 0.0  # a read held fewer due sessions or marks than there are: read on
+        times = [t for t in (next_ms, later, found_later) if t is not None]
         if not times:
             return self.tick
         return min(self.tick, max(0.0, (min(times) - now_ms) / 1000))
 
-    async def _visit(self, found: list[tuple[Mark, Visit]], now_ms: int) -> int | None:
-        """Start what each visit found, then move its mark; the earliest new mark (ms)."""
-        moves = [(mark, self._start(mark.ws, visit, now_ms)) for mark, visit in found]
-        await self.store.due.unmark(moves, grace_ms=self.engine.lease_ms)
-        return min((m for _, m in moves if m is not None), default=None)
+    def _free(self) -> int:
+        return self.tunables.concurrency - len(self.active)
 
-    def _start(self, ws: str, visit: Visit, now_ms: int) -> int | None:
-        """Start the workspace's due sessions not already running here (and its owed hooks);
-        when it next needs a visit (ms), or None."""
-        t = self.tunables
+    def _limit(self) -> int:
+        """The marks per bucket and due sessions per workspace a pass reads: what its free
+        slots can start, not ``concurrency`` (a loop holding 1,000 drains that has one slot
+        free reads a few members, not a thousand), plus the sessions started just before,
+        which the index may still list as due; at least ``MIN_READ``."""
+        return max(MIN_READ, self._free() + self._started_before + self._started_now)
+
+    async def _visit(
+        self, found: list[tuple[Mark, Visit]], now_ms: int, limit: int
+    ) -> tuple[bool, int | None]:
+        """Start what the visits found (``_share``), then move their marks: whether due
+        sessions were left waiting, and the earliest new mark (ms)."""
+        moves, left = self._share(found, now_ms, limit)
+        await self.store.due.unmark(moves, grace_ms=self.engine.lease_ms)
+        return left, min((m for _, m in moves if m is not None and m > now_ms), default=None)
+
+    def _share(
+        self, found: list[tuple[Mark, Visit]], now_ms: int, limit: int
+    ) -> tuple[list[tuple[Mark, int | None]], bool]:
+        """Start the due sessions round-robin across the workspaces found, one session each
+        per round while slots are free, the workspace served least recently first (then the
+        oldest mark). The marks to move (a workspace served that has more stays due now,
+        behind the marks of those not served; one with nothing left moves to when it next
+        needs a visit, or goes), and whether any workspace was left with due sessions. A
+        workspace not served that has due sessions keeps its mark as it is."""
+        order = sorted(found, key=lambda f: (self._served.get(f[0].ws, -1), f[0].score_ms))
+        waiting = [deque(s for s in v.due if (m.ws, s) not in self.active) for m, v in order]
+        served = [False] * len(order)
+        turn = deque(i for i, w in enumerate(waiting) if w)
+        while turn and not self.stopping and self._free() > 0:
+            i = turn.popleft()
+            self._start_drain(SessionKeys(order[i][0].ws, waiting[i].popleft()))
+            served[i] = True
+            if waiting[i]:
+                turn.append(i)
+        moves: list[tuple[Mark, int | None]] = []
+        left = False
+        for i, (mark, visit) in enumerate(order):
+            later = self._later(mark.ws, visit, now_ms)
+            # A read that filled its limit may have left more due sessions unread.
+            if waiting[i] or len(visit.due) >= limit:
+                left = True
+                if served[i]:
+                    moves.append((mark, now_ms))
+            else:
+                moves.append((mark, later))
+        return moves, left
+
+    def _later(self, ws: str, visit: Visit, now_ms: int) -> int | None:
+        """When the workspace next needs a visit, as far as this one saw (ms), firing its owed
+        OnDelivered calls if they are due."""
         later = [x for x in (visit.next_ready_ms,) if x is not None]
         if visit.next_notice_ms is not None:
             if visit.next_notice_ms <= now_ms:
                 self._fire_owed_hooks(WorkspaceKeys(ws))  # it takes them for hook_retry_after
-                later.append(now_ms + round(t.hook_retry_after * 1000))
+                later.append(now_ms + round(self.tunables.hook_retry_after * 1000))
             else:
                 later.append(visit.next_notice_ms)
-        left_due = len(visit.due) >= t.concurrency  # maybe more than the read returned
-        for ses in visit.due:
-            key = (ws, ses)
-            if key not in self.active:
-                if self.stopping or len(self.active) >= t.concurrency:
-                    left_due = True  # a finishing session sets the wake event
-                    break
-                task = self.detached.start(self._drain(SessionKeys(*key)))
-                self.active[key] = task
-                task.add_done_callback(self._on_finished(key))
+        if any((ws, ses) in self.active for ses in visit.due):
             # Held now: due again at its lease's expiry, unless its drain lets go sooner (and
             # then marks the workspace itself, see Store.release).
             later.append(now_ms + self.engine.lease_ms)
-        return now_ms if left_due else min(later, default=None)
+        return min(later, default=None)
+
+    def _start_drain(self, k: SessionKeys) -> None:
+        key = (k.ws, k.ses)
+        task = self.detached.start(self._drain(k))
+        self.active[key] = task
+        task.add_done_callback(self._on_finished(key))
+        self._started_now += 1
+        self._slots_given += 1
+        self._served[k.ws] = self._slots_given
+        self._served.move_to_end(k.ws)
+        if len(self._served) > ROTATION_MEMORY:
+            self._served.popitem(last=False)
 
     def _fire_owed_hooks(self, w: WorkspaceKeys) -> None:
         """Start the workspace's owed-hooks pass unless one is still running."""
