@@ -19,8 +19,9 @@ from prompt_outbox import (
     Status,
     ambiguous,
 )
+from prompt_outbox.core.keys import WorkspaceKeys
 from prompt_outbox.storage.client import Client
-from tests.agents import HookLog, ScriptedAgent
+from tests.agents import HookLog, ScriptedAgent, WorkerDied
 from tests.conftest import FAST, eventually, holds
 
 pytestmark = pytest.mark.cluster_too
@@ -334,3 +335,81 @@ async def test_stopping_does_not_wait_for_the_whole_ledger_sweep(outbox: Outbox)
     async with outbox.running(ScriptedAgent(), tick=0.05):
         await eventually(lambda: holds(bool(probed)))
     assert len(probed) == 1  # the sweep saw the loop stop before its next session
+
+
+class Stuck:
+    """An OnDelivered hook or a ledger probe that never returns by itself (until ``free``):
+    it records that it started and whether it was cancelled."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.cancelled = 0
+        self.free = asyncio.Event()
+
+    async def wait(self) -> None:
+        self.started += 1
+        try:
+            await self.free.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    async def hook(self, ws: str, ses: str, entry: Entry) -> None:
+        await self.wait()
+
+    async def probe(self, ws: str, ses: str, entry_id: str, attempt: int) -> str:
+        await self.wait()
+        return LEDGER_STATE_LEDGERED
+
+
+async def _stopped(outbox: Outbox, stuck: Stuck) -> None:
+    """Run delivery until ``stuck`` is called, then leave the block: stopping must return
+    (30 s is a hang guard, far above the grace), and the stuck call must have been cut."""
+
+    async def run_until_stuck() -> None:
+        async with outbox.running(ScriptedAgent(), tick=0.05):
+            await eventually(lambda: holds(stuck.started > 0))
+
+    task = asyncio.create_task(run_until_stuck())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=30)
+        assert done, "stopping waited on a call that never returns"
+        task.result()
+    finally:
+        stuck.free.set()  # lets a hung stop (today's) end
+        await asyncio.wait({task})
+    assert stuck.cancelled == 1
+
+
+async def test_stopping_cuts_an_owed_hook_that_never_returns(client: Client) -> None:
+    """A pass that makes a dead worker's owed OnDelivered call started by the loop; the hook
+    hangs. Stopping gives it the grace, then cancels it; the call stays owed (another worker
+    makes it), nothing is lost."""
+    t = replace(FAST, bookkeeping_timeout=0.4, hook_retry_after=0.5)
+    dying = Outbox(client, t)
+
+    async def killed(ws: str, ses: str, e: Entry) -> None:
+        raise WorkerDied
+
+    dying.set_on_delivered(killed)
+    await dying.accept("ws", "s1", "u", "c1", "hello")
+    with pytest.raises(WorkerDied):
+        await dying.deliver_once("ws", "s1", ScriptedAgent())
+    replica, stuck = Outbox(client, t), Stuck()
+    replica.set_on_delivered(stuck.hook)
+    before = asyncio.all_tasks()
+    await _stopped(replica, stuck)
+    assert asyncio.all_tasks() == before
+    assert await client.hlen(WorkspaceKeys("ws").notices) == 1  # still owed
+
+
+async def test_stopping_cuts_a_ledger_probe_that_takes_a_whole_turn(client: Client) -> None:
+    """A ledger probe may take up to delivery_timeout (ten minutes by default): a stopping
+    loop cuts the sweep after the grace instead of waiting for it."""
+    outbox = Outbox(client, replace(FAST, delivery_timeout=120.0))
+    await outbox.accept("ws", "s1", "u", "c1", "x")
+    assert await outbox.deliver_once("ws", "s1", ScriptedAgent([ambiguous("cut")]))
+    stuck = Stuck()
+    outbox.set_ledger_probe(stuck.probe)
+    await _stopped(outbox, stuck)
+    assert [e.status for e in await outbox.list("ws", "s1")] == [Status.ERROR]

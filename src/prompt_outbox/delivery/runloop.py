@@ -38,6 +38,12 @@ from .tasks import Detached, join
 
 log = logging.getLogger("prompt_outbox.worker")
 
+STOP_GRACE = 5.0
+"""Seconds ``RunLoop.stop`` gives the maintenance passes, owed OnDelivered calls and aborts
+it started (capped by ``Tunables.bookkeeping_timeout``) before it cancels them: each can take
+as long as an agent or a hook does, and each is safe to cut (a pass is redone, an owed call
+stays owed and another worker makes it)."""
+
 MIN_READ = 16
 """The fewest marks per bucket and due sessions per workspace a pass reads, however few slots
 are free: enough to see past workspaces whose marks stay old (a writer marking between the
@@ -100,6 +106,7 @@ class RunLoop:
         self.stopping = False
         self.passes: dict[str, asyncio.Task[None]] = {}
         self.owed: dict[str, asyncio.Task[None]] = {}  # owed-hook passes, by workspace
+        self.aborts: set[asyncio.Task[None]] = set()  # whileBusy interrupts asked of the agent
         # Sessions started by the last pass and by this one so far: their drains may not have
         # taken their locks yet, so the index may list them as due still (see _limit).
         self._started_before = self._started_now = 0
@@ -142,15 +149,40 @@ class RunLoop:
             raise failure
 
     async def stop(self) -> None:
-        """Start nothing new, let every in-flight delivery finish, then return."""
+        """Start nothing new, let every in-flight delivery finish (its step: a send, a
+        verification), give the passes, owed calls and aborts it started ``STOP_GRACE``
+        and cancel what is left of them, then return. A session held in turn holds nothing
+        here: its turn goes on in the agent, and whichever loop runs next learns its end."""
         self.stopping = True
         self.wake.set()
         self.wakeups.discard(self.wake)
         await self._listener.aclose()
-        started = [t for t in (self._loop,) if t is not None]
-        for task in started:
-            task.cancel()
-        await join([*started, *self.passes.values(), *self.owed.values(), *self.active.values()])
+        # In a task of its own: a cancelled caller waits for it all the same (join).
+        await join([self.detached.start(self._wind_down())])
+
+    async def _wind_down(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            loop.cancel()
+            await asyncio.wait({loop})  # it checks ``stopping`` on every pass, too
+        cut = self.detached.start(self._cut_side_tasks())
+        await asyncio.wait({cut, *self.active.values()})
+
+    async def _cut_side_tasks(self) -> None:
+        """Wait for the passes, owed calls and aborts for the grace, then cancel the rest
+        (and wait as long again: a Valkey call may swallow a cancel, so never for ever)."""
+        grace = min(STOP_GRACE, self.tunables.bookkeeping_timeout)
+        late = {t for t in (*self.passes.values(), *self.owed.values(), *self.aborts)}
+        for attempt in ("wait", "cancel"):
+            late = {t for t in late if not t.done()}
+            if not late:
+                return
+            if attempt == "cancel":
+                for task in late:
+                    task.cancel()
+            _, late = await asyncio.wait(late, timeout=grace)
+        if late:
+            log.warning("stopped with %d maintenance tasks still running", len(late))
 
     async def _run(self) -> None:
         t = self.tunables
@@ -284,7 +316,7 @@ class RunLoop:
         OnDelivered calls if they are due."""
         later = [x for x in (visit.next_ready_ms,) if x is not None]
         if visit.next_notice_ms is not None:
-            if visit.next_notice_ms <= now_ms:
+            if visit.next_notice_ms <= now_ms and not self.stopping:
                 self._fire_owed_hooks(WorkspaceKeys(ws))  # it takes them for hook_retry_after
                 later.append(now_ms + round(self.tunables.hook_retry_after * 1000))
             else:
@@ -345,8 +377,10 @@ class RunLoop:
         have restarted, so repair everything once)."""
         abort = parse_abort(ws) if ws else None
         if abort is not None:
-            if abort[:2] in self.active:  # the engine checks the entry: it may be another
-                self.detached.start(self._logged("abort", lambda: self._abort(*abort)))
+            if abort[:2] in self.active and not self.stopping:  # the engine checks the entry
+                task = self.detached.start(self._logged("abort", lambda: self._abort(*abort)))
+                self.aborts.add(task)
+                task.add_done_callback(self.aborts.discard)
             return
         if ws:
             self.woken.add(ws)
