@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from valkey.asyncio.cluster import ValkeyCluster
 
-from prompt_outbox import Entry, InvalidInput, Outbox
+from prompt_outbox import Entry, InvalidInput, Outbox, Turn
 from prompt_outbox.storage.client import Client
 from tests.conftest import FAST, ManualClock
 
@@ -108,6 +108,30 @@ async def test_a_delivery_in_flight_shows_how_long_it_and_the_blocked_have_waite
     assert s.delivering_for is None and s.counts.entries == 1
 
 
+async def test_a_session_in_turn_shows_how_long_its_turn_and_the_blocked_have_lasted(
+    client: Client,
+) -> None:
+    # The agent works on a delivered prompt (issue 23): the session's lock holds the turn, not
+    # a delivery's token, so "blocked for" is the turn's age, not the lock's (it read 0 s).
+    clock = ManualClock()
+    outbox = Outbox(client, FAST, clock=clock)
+
+    async def turned(ws: str, ses: str, entry: Entry) -> Turn:
+        return Turn("t-1")
+
+    await outbox.accept("acme", "s", "u", "c1", "first")
+    await outbox.accept("acme", "s", "u", "c2", "second")
+    assert await outbox.deliver_once("acme", "s", turned)
+    clock.advance(130.0)
+    [s] = (await outbox.overview.sessions("acme")).items
+    assert s.counts.by_status["pending"] == 1 and s.delivering_for is None
+    assert s.blocked_for == pytest.approx(130.0, abs=0.01)
+    assert s.in_turn_for == pytest.approx(130.0, abs=0.01)
+    assert (await outbox.end_turn("acme", "s", "t-1")).ended
+    [s] = (await outbox.overview.sessions("acme")).items
+    assert s.in_turn_for is None
+
+
 @pytest.mark.parametrize(
     "cursor",
     ["x", "1:2", "9:0:0", "1:2:3:4", "-1:0:0", f"0:{2**64}:0", "0:1" + "0" * 20 + ":0", "3775"],
@@ -187,6 +211,7 @@ async def test_the_routes_page_and_show_each_token_its_own(outbox: Outbox) -> No
         assert [s["id"] for s in sessions["sessions"]] == ["s2", "s1"]  # busiest first
         assert sessions["sessions"][0]["deliveringFor"] is None
         assert sessions["sessions"][0]["blockedFor"] is None
+        assert sessions["sessions"][0]["inTurnFor"] is None
         other = await http.get("/v1/workspaces/other/sessions", headers=ALICE)
         assert (other.status_code, other.json()["error"]) == (403, "forbidden")
         # A cursor off the declared form is refused by the schema, before the library.

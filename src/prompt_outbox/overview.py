@@ -23,7 +23,7 @@ from .core.errors import InvalidInput
 from .core.keys import check_id, workspace_keys
 from .core.settings import Tunables
 from .core.timeutil import Clock, to_ms
-from .delivery.lease import held_for
+from .delivery.lease import hold_times
 from .storage.replies import SessionTally, Tally
 from .storage.store import Store
 
@@ -73,12 +73,14 @@ class WorkspaceSummary:
 class SessionSummary:
     """A session: its entries' counts; ``delivering_for``, seconds since its entry in flight
     was handed to the agent; ``blocked_for``, seconds its pending entries have waited behind
-    the holder of its lock (None when not)."""
+    the holder of its lock (None when not); ``in_turn_for``, seconds the session has been in
+    turn, the agent working on a delivered prompt (None when not in turn)."""
 
     id: str
     counts: Counts
     delivering_for: float | None
     blocked_for: float | None
+    in_turn_for: float | None = None
 
 
 def _counts(tally: Tally, now: datetime) -> Counts:
@@ -144,8 +146,9 @@ class Overview:
 
     def _session(self, t: SessionTally, now: datetime) -> SessionSummary:
         counts = _counts(t.tally, now)
-        blocked = None
-        if t.lock_value and counts.by_status[Status.PENDING] > 0:
+        blocked = in_turn = None
+        if t.lock_value:
             lock_ttl = self._tunables.lock_ttl
-            blocked = held_for(t.lock_value, t.lock_pttl_ms, now, lock_ttl)
-        return SessionSummary(t.ses, counts, _since(t.sent_ms, now), blocked)
+            held, in_turn, _ = hold_times(t.lock_value, t.lock_pttl_ms, now, lock_ttl)
+            blocked = held if counts.by_status[Status.PENDING] > 0 else None
+        return SessionSummary(t.ses, counts, _since(t.sent_ms, now), blocked, in_turn)

@@ -615,6 +615,11 @@ export interface components {
             /** Id */
             id: string;
             /**
+             * Inturnfor
+             * @description how long the session has been in turn: the agent works on a delivered prompt, and the next entry waits for the turn to end (nanoseconds, as inFlightFor)
+             */
+            inTurnFor?: number | null;
+            /**
              * Oldestpendingfor
              * @description how long the oldest pending entry has waited (nanoseconds, as inFlightFor)
              */

@@ -121,6 +121,11 @@ class SessionOut(BaseModel):
         default=None,
         description=f"how long pending entries have waited behind a delivery's lock ({_NANOS})",
     )
+    inTurnFor: int | None = Field(
+        default=None,
+        description="how long the session has been in turn: the agent works on a delivered "
+        f"prompt, and the next entry waits for the turn to end ({_NANOS})",
+    )
 
 
 class SessionPage(BaseModel):

@@ -55,6 +55,7 @@ def _session(s: SessionSummary) -> SessionOut:
         oldestPendingFor=_nanos(s.counts.oldest_pending_for),
         deliveringFor=_nanos(s.delivering_for),
         blockedFor=_nanos(s.blocked_for),
+        inTurnFor=_nanos(s.in_turn_for),
     )
 
 

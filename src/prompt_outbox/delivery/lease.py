@@ -36,6 +36,18 @@ def held_for(lock_value: str, pttl_ms: int, now: datetime, lock_ttl: float) -> f
     return max(0.0, lock_ttl - pttl_ms / 1000)
 
 
+def hold_times(
+    lock_value: str, pttl_ms: int, now: datetime, lock_ttl: float
+) -> tuple[float, float | None, str]:
+    """A held lock's seconds held, seconds in turn (None for a delivery's lock), and why the
+    turn is still held ('' unless a check could not settle it): List's and the overview's."""
+    turn = decode_turn(lock_value)
+    if turn is not None:
+        lasted = turn.seconds(to_ms(now))
+        return lasted, lasted, turn.why
+    return held_for(lock_value, pttl_ms, now, lock_ttl), None, ""
+
+
 def listed(snap: Snapshot, now: datetime, lock_ttl: float) -> list[Entry]:
     """``Outbox.list``'s entries: while the session is held (a delivery's lock, or a turn),
     pending entries carry ``blocked_by_in_flight`` and ``in_flight_for`` (seconds the hold has
@@ -45,15 +57,12 @@ def listed(snap: Snapshot, now: datetime, lock_ttl: float) -> list[Entry]:
     lock_value = snap.lock_value
     if not lock_value:
         return entries
-    turn = decode_turn(lock_value)
-    why = ""
-    if turn is not None:
-        held = in_turn = turn.seconds(to_ms(now))
-        why = turn.why
-    else:
-        held, in_turn = held_for(lock_value, snap.lock_pttl_ms, now, lock_ttl), 0.0
+    held, in_turn, why = hold_times(lock_value, snap.lock_pttl_ms, now, lock_ttl)
+    turn_for = in_turn or 0.0
     return [
-        replace(e, blocked_by_in_flight=True, in_flight_for=held, in_turn_for=in_turn, turn_why=why)
+        replace(
+            e, blocked_by_in_flight=True, in_flight_for=held, in_turn_for=turn_for, turn_why=why
+        )
         if e.status is Status.PENDING
         else e
         for e in entries
