@@ -58,7 +58,9 @@ export type EditFields = Partial<Pick<PromptBody, "text" | "model">>;
 /**
  * What a `queue.update` says happened (hand-written: the OpenAPI document does not describe
  * the event stream's messages). `sent` (delivered and gone) and `dismissed` carry no entry;
- * the others are the entry's new status, or `accepted` / `edited`.
+ * `turn` (the delivered entry `id`'s agent turn began: the session is held until it ends) and
+ * `turn_ended` carry no entry but a `turn`; the others are the entry's new status, or
+ * `accepted` / `edited`.
  */
 export type UpdateKind =
   | "accepted"
@@ -70,7 +72,28 @@ export type UpdateKind =
   | "parked"
   | "edited"
   | "dismissed"
+  | "turn"
+  | "turn_ended"
   | (string & {});
+
+/**
+ * Why a turn ended (a `turn_ended` update's `turn.why`): `ended` (the agent said so),
+ * `ceiling` (still running at the turn ceiling: aborted and let go), `unreachable` (the
+ * agent never said, until the ceiling and its grace had passed: let go).
+ */
+export type TurnEndReason = "ended" | "ceiling" | "unreachable" | (string & {});
+
+/**
+ * The turn a `turn` / `turn_ended` update is about (hand-written, as `UpdateKind`).
+ */
+export interface TurnNews {
+  /** The agent's turn ID (any printable characters, at most 200). */
+  readonly id: string;
+  /** How long the turn lasted, in seconds: 0 on `turn`. */
+  readonly seconds: number;
+  /** Why it ended, on `turn_ended`; "" on `turn`. */
+  readonly why: TurnEndReason;
+}
 
 /**
  * `event: queue.reset`: the whole queue as of `eventId` (hand-written wrapper; `entries` are
@@ -85,18 +108,21 @@ export interface QueueReset {
 }
 
 /**
- * `event: queue.update`: one change (hand-written wrapper over the data `{kind, id, entry}`).
- * `entry` is the entry's new state (the stored form: an `Entry` without `blockedByInFlight` /
- * `inFlightFor`), or `null` once it is gone (`sent`, `dismissed`).
+ * `event: queue.update`: one change (hand-written wrapper over the data `{kind, id, entry,
+ * turn?}`). `entry` is the entry's new state (the stored form: an `Entry` without
+ * `blockedByInFlight` / `inFlightFor` / `inTurnFor`), or `null` once it is gone (`sent`,
+ * `dismissed`) and on `turn` / `turn_ended`, which carry `turn` instead.
  */
 export interface QueueUpdate {
   readonly type: "update";
   /** The SSE `id:`: the resume point. */
   readonly eventId: string;
   readonly kind: UpdateKind;
-  /** The entry's ID. */
+  /** The entry's ID (on `turn` / `turn_ended`: the delivered entry the turn works on). */
   readonly id: string;
   readonly entry: Entry | null;
+  /** On `turn` and `turn_ended` only: which turn, how long it lasted, why it ended. */
+  readonly turn?: TurnNews;
 }
 
 /** A message of a session's event stream. */

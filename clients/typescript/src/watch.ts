@@ -8,7 +8,7 @@ import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { Backoff, sleep } from "./backoff.js";
 import { OutboxError } from "./errors.js";
 import { sessionPath, type Transport } from "./http.js";
-import type { Entry, EntryList, QueueEvent, QueueReset, QueueUpdate } from "./types.js";
+import type { Entry, EntryList, QueueEvent, QueueReset, QueueUpdate, TurnNews } from "./types.js";
 
 /** Returns a fresh stream ticket for a workspace (see `OutboxClientOptions.streamAuth`). */
 export type TicketProvider = (ws: string, signal: AbortSignal) => Promise<string>;
@@ -65,8 +65,15 @@ export function parseEvent(message: EventSourceMessage): QueueEvent | undefined 
     return { type: "reset", eventId, entries: data.entries };
   }
   if (message.event === "queue.update") {
-    const data = JSON.parse(message.data) as { kind: string; id: string; entry: Entry | null };
-    return { type: "update", eventId, kind: data.kind, id: data.id, entry: data.entry };
+    const data = JSON.parse(message.data) as {
+      kind: string;
+      id: string;
+      entry: Entry | null;
+      turn?: TurnNews | null;
+    };
+    const update = { type: "update", eventId, kind: data.kind, id: data.id, entry: data.entry } as const;
+    // `turn` only where the server sent one (`turn`, `turn_ended`): other updates keep their shape.
+    return typeof data.turn === "object" && data.turn !== null ? { ...update, turn: data.turn } : update;
   }
   return undefined;
 }

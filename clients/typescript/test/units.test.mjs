@@ -68,6 +68,27 @@ test("parseEvent types queue.reset and queue.update, and skips other events", ()
   assert.equal(parseEvent({ event: "other", data: "{}" }), undefined);
 });
 
+test("parseEvent hands on a turn update's turn, and adds none where the server sent none", () => {
+  const began = '{"kind":"turn","id":"e1","entry":null,"turn":{"id":"t/1","seconds":0,"why":""}}';
+  assert.deepEqual(parseEvent({ id: "3-0", event: "queue.update", data: began }), {
+    type: "update",
+    eventId: "3-0",
+    kind: "turn",
+    id: "e1",
+    entry: null,
+    turn: { id: "t/1", seconds: 0, why: "" },
+  });
+  const ended = '{"kind":"turn_ended","id":"e1","entry":null,"turn":{"id":"t/1","seconds":130.5,"why":"ceiling"}}';
+  const end = /** @type {import("../dist/index.js").QueueUpdate} */ (parseEvent({ id: "4-0", event: "queue.update", data: ended }));
+  assert.deepEqual(end.turn, {
+    id: "t/1",
+    seconds: 130.5,
+    why: "ceiling",
+  });
+  const sent = parseEvent({ id: "5-0", event: "queue.update", data: '{"kind":"sent","id":"e1","entry":null,"turn":null}' });
+  assert.equal("turn" in sent, false);
+});
+
 test("OutboxError: retryable is no answer, 408, 429 and 5xx only", () => {
   const retryable = (status) => new OutboxError(status, "x", "").retryable;
   assert.deepEqual([0, 408, 429, 500, 503].map(retryable), [true, true, true, true, true]);
