@@ -10,7 +10,9 @@
   ``delivering``, the session's lock held); while ``failing`` is set, texts starting ``fail``
   are refused with 400 (definitive: with ``max_attempts`` 1, ``error`` at once); sessions in
   ``stuck`` are answered 429 (transient: ``pending`` with a 30 s backoff, the lock free, so
-  the entry can be edited or parked). Every wait is on the page's state (Playwright's
+  the entry can be edited or parked); texts starting ``turn`` are answered 202 with
+  ``{"turn": agent.turn_id}``: the agent works on it, the session is held in turn until the
+  test ends the turn through the end route. Every wait is on the page's state (Playwright's
   ``expect``), never a fixed sleep.
 
 Skipped, with the reason, without Chromium, Playwright, node or npm; on CI (``CI`` set) that
@@ -36,6 +38,7 @@ import pytest
 from devtools import npm, ui
 
 from prompt_outbox.embedded import free_port
+from prompt_outbox.webhook import turn_end_path
 from tests.test_serve import service, wait_healthy
 
 if TYPE_CHECKING:
@@ -125,9 +128,13 @@ def _git_ignores(path: Path) -> bool:
 @dataclass
 class Agent:
     """A webhook agent: ``hold*`` texts wait for ``release``; ``fail*`` texts get 400 while
-    ``failing``; sessions in ``stuck`` get 429; everything else is recorded and answered 200."""
+    ``failing``; sessions in ``stuck`` get 429; ``turn*`` texts are recorded and answered 202
+    with the turn ``turn_id`` (its verify URL says ``running`` for it until ``turns`` drops
+    it); everything else is recorded and answered 200."""
 
     failing: bool = True
+    turn_id: str = "turn-1"
+    turns: set[str] = field(default_factory=set)  # the turns running
     stuck: set[str] = field(default_factory=set)
     release: threading.Event = field(default_factory=threading.Event)
     delivered: list[tuple[str, str]] = field(default_factory=list)  # (entry ID, text)
@@ -165,10 +172,19 @@ def driven_agent() -> Iterator[Agent]:
             if text.startswith("hold"):
                 agent.release.wait(30)
             agent.delivered.append((entry["id"], text))
+            if text.startswith("turn"):
+                agent.turns.add(agent.turn_id)
+                self._answer(202, json.dumps({"turn": agent.turn_id}).encode())
+                return
             self._answer(200)
 
         def do_GET(self) -> None:
-            entry_id = parse_qs(urlparse(self.path).query).get("id", [""])[0]
+            query = parse_qs(urlparse(self.path).query)
+            if "turn" in query:  # a turn check: ours say running while they do
+                running = query["turn"][0] in agent.turns
+                self._answer(200, b"running" if running else b"ended")
+                return
+            entry_id = query.get("id", [""])[0]
             self._answer(200, b"delivered" if entry_id in agent.ids() else b"absent")
 
         def _answer(self, status: int, body: bytes = b"{}") -> None:
@@ -520,6 +536,115 @@ def test_an_admin_parks_unparks_and_sweeps_a_workspace(
         expect(notice).to_contain_text("swept:")
         # The one console line: the first /v1/me with no token (how the page tells --no-auth).
         assert seen.unexpected(401) == [] and seen.dialogs == []
+
+
+def test_a_session_in_turn_is_a_state_of_its_own(
+    stack: tuple[str, Agent], browser: Browser
+) -> None:
+    """Issue 23: the agent works on a delivered prompt (202 {"turn"}), the session is held in
+    turn. The page says so over the queue, with the turn's ID (hostile: shown as text), from
+    the stream's ``turn`` update; the entry behind it waits for the turn, not for a send; a
+    reload brings the state back from the entries' ``inTurnFor``; the workspace's row says the
+    agent is working, not "blocked behind a delivery"; a dismiss meanwhile is busy;
+    the end route ends the turn: the page says how long it took and why, and the next entry
+    goes."""
+    from playwright.sync_api import expect
+
+    origin, agent = stack
+    ws, ses = "acme", "turns-1"
+    turn_id = agent.turn_id = '<img src=x onerror="window.__xss=2">'
+    with opened(browser) as (page, seen):
+        page.goto(f"{origin}/ui/#/ws/{ws}/s/{ses}")
+        sign_in(page, USER)
+        expect(page.locator(".live")).to_have_text("live")
+        line = page.locator("#turn")
+        expect(line).to_be_hidden()  # no turn yet
+        first = accept(origin, USER, ws, ses, "turn: refactor the parser")
+        expect(line).to_have_attribute("data-state", "turn")  # from the `turn` update
+        expect(line).to_contain_text("agent working:")
+        expect(line).to_contain_text(f"turn {turn_id}")
+        expect(card(page, first)).to_have_count(0)  # delivered: out of the queue
+        after = accept(origin, USER, ws, ses, "then: run the tests")
+        waiting = card(page, after)
+        expect(waiting.locator(".pill")).to_have_text("pending")
+        expect(waiting).to_contain_text("waiting for the agent's turn to end")
+        expect(waiting).not_to_contain_text("blocked behind an in-flight delivery")
+        expect(waiting).to_have_attribute("data-waiting", "turn")
+
+        go(page, f"#/ws/{ws}")  # the workspace's row: the overview's inTurnFor
+        row = page.locator(f'#sessions li[data-session="{ses}"]')
+        expect(row).to_contain_text("agent working for")
+        expect(row).to_contain_text("next entry waits for the turn")
+        expect(row).not_to_contain_text("blocked behind")
+        go(page, f"#/ws/{ws}/s/{ses}")
+        page.reload()  # no `turn` update now: the reset's inTurnFor says it
+        expect(line).to_have_attribute("data-state", "turn")
+        expect(line).to_contain_text("agent working:")
+        expect(line).to_contain_text("its ID comes with its end")
+        expect(waiting).to_contain_text("waiting for the agent's turn to end")
+
+        # The turn holds the session: dismissing the entry behind it is busy, not gone.
+        waiting.locator("button.dismiss").click()
+        confirm(page)
+        expect(page.locator("#notice")).to_contain_text("busy, try again")
+        expect(page.locator("#notice")).to_contain_text("the agent's turn")
+        expect(waiting).to_have_count(1)
+        assert agent.ids()[-1] == first, "nothing sent during the turn"
+
+        agent.turns.discard(turn_id)
+        r = httpx.post(
+            origin + turn_end_path(ws, ses, turn_id), headers={"Authorization": f"Bearer {USER}"}
+        )
+        assert r.status_code == 200 and r.json()["ended"] is True, r.text
+        expect(line).to_have_attribute("data-state", "ended")  # from the `turn_ended` update
+        expect(line).to_contain_text(f"last turn {turn_id} ended after ")
+        expect(line).to_contain_text("(the agent said it ended)")
+        expect(waiting).to_have_count(0)  # the next entry went once the turn ended
+        assert agent.ids()[-2:] == [first, after]
+        assert page.evaluate("() => window.__xss") is None
+        assert page.locator("img").count() == 0
+        assert not [u for u in seen.requests if urlparse(u).path.endswith("/x")]
+        assert seen.unexpected(401, 409) == [] and seen.dialogs == []
+    # The turn of `after` ("then: ..." is answered 200: no turn) left nothing held.
+    assert listing(origin, ws, ses) == []
+
+
+def test_a_reset_in_turn_shows_how_long_and_why_it_is_still_held(
+    stack: tuple[str, Agent], browser: Browser
+) -> None:
+    """After a (re)load the page learns a turn from the reset alone: the pending entries'
+    ``inTurnFor`` (how long) and ``turnWhy`` (why it is still held: the agent could not say).
+    A turn that the agent cannot answer about takes a check interval to say so; here a real
+    reset of a real pending entry is given those two fields on its way to the page."""
+    from playwright.sync_api import Route, expect
+
+    origin, agent = stack
+    agent.stuck.add("turns-2")  # 429: the entry stays pending, on the page
+    entry_id = accept(origin, USER, "acme", "turns-2", "waits behind a turn")
+    reset, _ = first_event(origin, "acme", "turns-2")
+    why = "<b>the agent did not say whether the turn ended</b>"
+    fields = f',"inTurnFor":{130 * 10**9},"turnWhy":{json.dumps(why)}}}'
+    marker = f'"id":"{entry_id}"'
+    assert reset.count(marker) == 1 and reset.count("}]}") == 1
+    reset = reset.replace("}]}", fields + "]}")  # the entry's last brace, then the list's
+
+    def events(route: Route) -> None:
+        if "last-event-id" in route.request.headers:
+            route.continue_()
+        else:
+            route.fulfill(status=200, content_type="text/event-stream", body=reset)
+
+    with opened(browser) as (page, seen):
+        page.route("**/sessions/turns-2/events*", events)
+        page.goto(f"{origin}/ui/#/ws/acme/s/turns-2")
+        sign_in(page, USER)
+        line = page.locator("#turn")
+        expect(line).to_have_attribute("data-state", "turn")
+        expect(line).to_contain_text("agent working: 2 min")
+        expect(line).to_contain_text(f"Still held: {why}")  # as text
+        expect(card(page, entry_id)).to_contain_text("waiting for the agent's turn to end")
+        assert page.locator("#turn b").count() == 0
+        assert seen.unexpected(401) == []
 
 
 def test_no_auth_needs_no_token(browser: Browser, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ export type {
   Me,
   QueueUpdate,
   SessionSummary,
+  TurnNews,
   WatchHandle,
   WorkspaceSummary,
 } from "../../typescript/src/index.js";

@@ -57,7 +57,7 @@ export function notice(text: string, kind: "ok" | "warn" | "error" = "ok"): void
 /** A refusal, for a person. Busy (409) is "busy, try again", never "gone". */
 export function explain(err: unknown): string {
   if (err instanceof OutboxError) {
-    if (err.isBusy) return "busy, try again: a delivery holds this session right now";
+    if (err.isBusy) return "busy, try again: a delivery or the agent's turn holds this session right now";
     if (err.code === "not_editable") return "not editable now: it is being sent, verified or is parked";
     if (err.isNotFound) return "gone: it was delivered or removed already";
     if (err.status === 401) return "the token was refused: sign in again";
@@ -85,7 +85,7 @@ export async function act(run: () => Promise<string>): Promise<boolean> {
 export function bulkSummary(verb: string, result: BulkResult): string {
   const done = `${verb} ${result.done} error ${result.done === 1 ? "entry" : "entries"}`;
   if (result.busy.length === 0) return done;
-  return `${done}; busy, try again: ${result.busy.length} session(s) were being delivered (${result.busy.join(", ")})`;
+  return `${done}; busy, try again: ${result.busy.length} session(s) were held by a delivery or an agent's turn (${result.busy.join(", ")})`;
 }
 
 /**

@@ -5,15 +5,40 @@
  * missed. Each entry: its status pill, attempts and verify attempts, last error, age and
  * next attempt, its text (expandable; always set as text, never as HTML), and its actions.
  *
+ * A session in turn (the agent works on a delivered prompt; the session is held until the
+ * turn ends) is a state of its own: a line over the queue, "agent working: 2 min 10 s", from
+ * the `turn` update until the `turn_ended` one, which leaves "last turn ... ended after ..."
+ * until the next turn begins. After a (re)load the reset carries no turn, only the pending
+ * entries' `inTurnFor`: the line comes back from those (its ID is not known until the turn
+ * ends); a session in turn with an empty queue cannot be told from the reset at all.
+ *
  * @module
  */
-import { OutboxError, type Entry, type QueueUpdate, type WatchHandle } from "../client.js";
+import { OutboxError, type Entry, type QueueUpdate, type TurnNews, type WatchHandle } from "../client.js";
 import type { Ctx, View } from "../context.js";
 import { button, h, replace, setText } from "../dom.js";
-import { age, duration, until } from "../format.js";
+import { age, duration, nsToSeconds, until } from "../format.js";
 import { act, ask, errorsToolbar, explain, pill } from "../widgets.js";
 
 const PREVIEW = 120;
+
+/** Why a turn ended, for a person (`turn_ended`'s `why`; an unknown word shows as it came). */
+const TURN_ENDS = new Map([
+  ["ended", "the agent said it ended"],
+  ["ceiling", "still running at the turn ceiling: aborted and let go"],
+  ["unreachable", "the agent never said, until the ceiling and its grace: let go"],
+]);
+
+/**
+ * The session's turn as the page knows it: its ID (null when learned from a reset), since
+ * when (ms, this page's clock), and why it is still held when the agent could not say
+ * whether it ended (a reset's `turnWhy`; "" otherwise).
+ */
+interface TurnShown {
+  readonly id: string | null;
+  readonly since: number;
+  readonly why: string;
+}
 
 /** The first line of a text, cut to PREVIEW characters. */
 function preview(text: string): string {
@@ -129,8 +154,12 @@ class Card {
     const facts = [`attempts ${e.attempts}`, `verify attempts ${e.verifyAttempts ?? 0}`];
     if (e.transientFails) facts.push(`transient failures ${e.transientFails}`);
     facts.push(`age ${age(e.acceptedAt, now)}`);
+    const turn = this.session.turn();
     if (e.status === "delivering" && e.lastAttemptAt) {
       facts.push(`delivering for ${age(e.lastAttemptAt, now)}`);
+    } else if (e.status === "pending" && turn !== null) {
+      // Not "sending": the agent has the prompt before this one and works on it.
+      facts.push(`waiting for the agent's turn to end (working for ${duration((now - turn.since) / 1000)})`);
     } else if (e.status === "pending" && this.session.inFlightSince() !== null) {
       const since = this.session.inFlightSince() ?? now;
       facts.push(`blocked behind an in-flight delivery for ${duration((now - since) / 1000)}`);
@@ -138,6 +167,7 @@ class Card {
       facts.push(`next attempt ${until(e.nextAttemptAt, now)}`);
     }
     setText(this.facts, facts.join(" · "));
+    this.el.dataset["waiting"] = e.status === "pending" && turn !== null ? "turn" : "";
   }
 
   private openEditor(): void {
@@ -156,6 +186,10 @@ class SessionView implements View {
   private readonly list = h("ul", { class: "entries", id: "entries" });
   private readonly live = h("span", { class: "live", "data-state": "connecting" }, "connecting…");
   private readonly problem = h("p", { class: "error-box", hidden: true });
+  /** The turn line: "agent working ..." while in turn, then how the last turn ended. */
+  private readonly turnLine = h("p", { class: "turn-line", id: "turn", role: "status", hidden: true });
+  private current: TurnShown | null = null;
+  private lastTurn: TurnNews | null = null;
   private entries: Entry[] = [];
   private readonly cards = new Map<string, Card>();
   private readonly watch: WatchHandle;
@@ -175,6 +209,7 @@ class SessionView implements View {
       h("h1", {}, h("span", { class: "muted" }, "Session "), ses, " ", this.live),
       bulk,
       this.problem,
+      this.turnLine,
       this.list,
     );
     this.render();
@@ -185,6 +220,8 @@ class SessionView implements View {
         this.list.dataset["resets"] = String(this.resets);
         this.list.dataset["eventId"] = eventId;
         this.entries = [...entries];
+        const told = turnFromEntries(entries, Date.now());
+        if (told !== undefined) this.current = told;
         this.render();
       },
       onUpdate: (update) => {
@@ -206,15 +243,17 @@ class SessionView implements View {
         setText(this.problem, explain(err));
       },
     });
-    this.clock = setInterval(() => {
-      const now = Date.now();
-      for (const card of this.cards.values()) card.tick(now);
-    }, 1000);
+    this.clock = setInterval(() => this.tick(Date.now()), 1000);
   }
 
   stop(): void {
     this.watch.close();
     clearInterval(this.clock);
+  }
+
+  /** The session's turn, while the agent works on a delivered prompt; null otherwise. */
+  turn(): TurnShown | null {
+    return this.current;
   }
 
   /** Since when the session's entry in flight has been with the agent (ms), or null. */
@@ -229,8 +268,19 @@ class SessionView implements View {
     setText(this.live, label);
   }
 
-  /** One `queue.update`: the entry's new state in place, a new one at the end, gone ones out. */
-  private apply({ id, entry }: QueueUpdate): void {
+  /**
+   * One `queue.update`: the entry's new state in place, a new one at the end, gone ones out;
+   * a turn's begin or end changes the session's state, no entry (theirs is gone already).
+   */
+  private apply({ kind, id, entry, turn }: QueueUpdate): void {
+    if (kind === "turn" || kind === "turn_ended") {
+      // Since this page heard of it: the event carries no start, and a clock of another
+      // machine would be worse than the few seconds a reconnect can add.
+      if (turn === undefined) return;
+      this.current = kind === "turn" ? { id: turn.id, since: Date.now(), why: "" } : null;
+      this.lastTurn = kind === "turn" ? null : turn;
+      return;
+    }
     const at = this.entries.findIndex((e) => e.id === id);
     if (entry === null) {
       if (at >= 0) this.entries.splice(at, 1);
@@ -265,9 +315,49 @@ class SessionView implements View {
     if (this.entries.length === 0 && this.list.querySelector(":scope > .empty") === null) {
       this.list.append(h("li", { class: "empty muted" }, "The queue is empty."));
     }
-    const now = Date.now();
-    for (const card of this.cards.values()) card.tick(now); // "blocked behind" follows the head
+    this.tick(Date.now()); // "blocked behind" follows the head, "waiting for" the turn
   }
+
+  /** The facts that move with the clock: the turn line's and every card's. */
+  private tick(now: number): void {
+    const turn = this.current;
+    const last = this.lastTurn;
+    let state = "";
+    let text = "";
+    if (turn !== null) {
+      state = "turn";
+      const which = turn.id === null ? "its ID comes with its end" : `turn ${turn.id}`;
+      text = `agent working: ${duration((now - turn.since) / 1000)} (${which}); the next entry waits for the turn to end`;
+      if (turn.why !== "") text += `. Still held: ${turn.why}`;
+    } else if (last !== null) {
+      state = "ended";
+      const why = TURN_ENDS.get(last.why) ?? last.why; // a Map: "constructor" is no key
+      text = `last turn ${last.id} ended after ${duration(last.seconds)} (${why})`;
+    }
+    this.turnLine.hidden = state === "";
+    this.turnLine.dataset["state"] = state;
+    setText(this.turnLine, text);
+    for (const card of this.cards.values()) card.tick(now);
+  }
+}
+
+/**
+ * The turn a reset shows: while the session is in turn, its pending entries carry `inTurnFor`
+ * (nanoseconds, and `turnWhy` when the agent could not say whether it ended); pending entries
+ * without it say it is not. Undefined when no entry is pending: the reset cannot tell (then
+ * what the page knew stands).
+ */
+function turnFromEntries(entries: readonly Entry[], now: number): TurnShown | null | undefined {
+  const pending = entries.filter((e) => e.status === "pending");
+  if (pending.length === 0) return undefined;
+  let longest: number | null = null;
+  let why = "";
+  for (const e of pending) {
+    const s = nsToSeconds(e.inTurnFor);
+    if (s !== null && s >= 0 && (longest === null || s > longest)) longest = s;
+    why ||= e.turnWhy ?? "";
+  }
+  return longest === null ? null : { id: null, since: now - longest * 1000, why };
 }
 
 export function sessionView(ctx: Ctx, ws: string, ses: string): View {

@@ -1,6 +1,8 @@
 /**
  * `#/ws/<id>`: a workspace's sessions, busiest first, with their counts, how long the entry
- * in flight has been with the agent and how long pending entries have waited behind it;
+ * in flight has been with the agent and how long pending entries have waited behind it, or,
+ * for a session in turn, how long the agent has been working (a session in turn with no
+ * entry left is not listed: the overview lists sessions that hold entries);
  * bulk retry / dismiss of the workspace's error entries; for an admin token, park (with a
  * reason), unpark and sweep.
  *
@@ -13,16 +15,20 @@ import { sessionHash } from "../routes.js";
 import { act, ask, countPills, errorsToolbar, Pager, showError, waited } from "../widgets.js";
 
 function row(ws: string, s: SessionSummary): HTMLElement {
+  const inTurn = s.inTurnFor !== null && s.inTurnFor !== undefined;
   return h(
     "li",
-    { class: "row", "data-session": s.id },
+    { class: "row", "data-session": s.id, "data-turn": inTurn },
     h("a", { class: "name", href: sessionHash(ws, s.id) }, s.id),
     h(
       "span",
       { class: "facts" },
       h("span", { class: "fact" }, `${s.entries} entr${s.entries === 1 ? "y" : "ies"}`),
       waited("delivering for", s.deliveringFor),
-      waited("blocked behind an in-flight delivery for", s.blockedFor),
+      // In turn the hold is the agent's turn, not a send: its own words, and the wait behind it
+      // is the turn's age, so it is not said twice.
+      inTurn ? waited("agent working for", s.inTurnFor) : waited("blocked behind an in-flight delivery for", s.blockedFor),
+      inTurn && s.counts.pending > 0 ? h("span", { class: "fact" }, "next entry waits for the turn") : null,
       waited("oldest pending", s.oldestPendingFor),
     ),
     countPills(s.counts),

@@ -609,7 +609,8 @@ function parseEvent(message) {
   }
   if (message.event === "queue.update") {
     const data = JSON.parse(message.data);
-    return { type: "update", eventId, kind: data.kind, id: data.id, entry: data.entry };
+    const update = { type: "update", eventId, kind: data.kind, id: data.id, entry: data.entry };
+    return typeof data.turn === "object" && data.turn !== null ? { ...update, turn: data.turn } : update;
   }
   return void 0;
 }
@@ -1033,7 +1034,7 @@ function notice(text, kind = "ok") {
 }
 function explain(err) {
   if (err instanceof OutboxError) {
-    if (err.isBusy) return "busy, try again: a delivery holds this session right now";
+    if (err.isBusy) return "busy, try again: a delivery or the agent's turn holds this session right now";
     if (err.code === "not_editable") return "not editable now: it is being sent, verified or is parked";
     if (err.isNotFound) return "gone: it was delivered or removed already";
     if (err.status === 401) return "the token was refused: sign in again";
@@ -1057,7 +1058,7 @@ async function act(run) {
 function bulkSummary(verb, result) {
   const done = `${verb} ${result.done} error ${result.done === 1 ? "entry" : "entries"}`;
   if (result.busy.length === 0) return done;
-  return `${done}; busy, try again: ${result.busy.length} session(s) were being delivered (${result.busy.join(", ")})`;
+  return `${done}; busy, try again: ${result.busy.length} session(s) were held by a delivery or an agent's turn (${result.busy.join(", ")})`;
 }
 function errorsToolbar(client, ws, ses, after = async () => {
 }) {
@@ -1152,6 +1153,11 @@ function showError(parent, err) {
 
 // src/views/session.ts
 var PREVIEW = 120;
+var TURN_ENDS = /* @__PURE__ */ new Map([
+  ["ended", "the agent said it ended"],
+  ["ceiling", "still running at the turn ceiling: aborted and let go"],
+  ["unreachable", "the agent never said, until the ceiling and its grace: let go"]
+]);
 function preview(text) {
   const line = text.split("\n", 1)[0] ?? "";
   const cut = line.length > PREVIEW ? `${line.slice(0, PREVIEW)}…` : line;
@@ -1259,8 +1265,11 @@ var Card = class {
     const facts = [`attempts ${e.attempts}`, `verify attempts ${e.verifyAttempts ?? 0}`];
     if (e.transientFails) facts.push(`transient failures ${e.transientFails}`);
     facts.push(`age ${age(e.acceptedAt, now)}`);
+    const turn = this.session.turn();
     if (e.status === "delivering" && e.lastAttemptAt) {
       facts.push(`delivering for ${age(e.lastAttemptAt, now)}`);
+    } else if (e.status === "pending" && turn !== null) {
+      facts.push(`waiting for the agent's turn to end (working for ${duration((now - turn.since) / 1e3)})`);
     } else if (e.status === "pending" && this.session.inFlightSince() !== null) {
       const since = this.session.inFlightSince() ?? now;
       facts.push(`blocked behind an in-flight delivery for ${duration((now - since) / 1e3)}`);
@@ -1268,6 +1277,7 @@ var Card = class {
       facts.push(`next attempt ${until(e.nextAttemptAt, now)}`);
     }
     setText(this.facts, facts.join(" · "));
+    this.el.dataset["waiting"] = e.status === "pending" && turn !== null ? "turn" : "";
   }
   openEditor() {
     this.editText.value = this.entry.text;
@@ -1291,6 +1301,7 @@ var SessionView = class {
       h("h1", {}, h("span", { class: "muted" }, "Session "), ses, " ", this.live),
       bulk,
       this.problem,
+      this.turnLine,
       this.list
     );
     this.render();
@@ -1301,6 +1312,8 @@ var SessionView = class {
         this.list.dataset["resets"] = String(this.resets);
         this.list.dataset["eventId"] = eventId;
         this.entries = [...entries];
+        const told = turnFromEntries(entries, Date.now());
+        if (told !== void 0) this.current = told;
         this.render();
       },
       onUpdate: (update) => {
@@ -1322,10 +1335,7 @@ var SessionView = class {
         setText(this.problem, explain(err));
       }
     });
-    this.clock = setInterval(() => {
-      const now = Date.now();
-      for (const card of this.cards.values()) card.tick(now);
-    }, 1e3);
+    this.clock = setInterval(() => this.tick(Date.now()), 1e3);
   }
   ctx;
   ws;
@@ -1334,6 +1344,10 @@ var SessionView = class {
   list = h("ul", { class: "entries", id: "entries" });
   live = h("span", { class: "live", "data-state": "connecting" }, "connecting…");
   problem = h("p", { class: "error-box", hidden: true });
+  /** The turn line: "agent working ..." while in turn, then how the last turn ended. */
+  turnLine = h("p", { class: "turn-line", id: "turn", role: "status", hidden: true });
+  current = null;
+  lastTurn = null;
   entries = [];
   cards = /* @__PURE__ */ new Map();
   watch;
@@ -1342,6 +1356,10 @@ var SessionView = class {
   stop() {
     this.watch.close();
     clearInterval(this.clock);
+  }
+  /** The session's turn, while the agent works on a delivered prompt; null otherwise. */
+  turn() {
+    return this.current;
   }
   /** Since when the session's entry in flight has been with the agent (ms), or null. */
   inFlightSince() {
@@ -1353,8 +1371,17 @@ var SessionView = class {
     this.live.dataset["state"] = state;
     setText(this.live, label);
   }
-  /** One `queue.update`: the entry's new state in place, a new one at the end, gone ones out. */
-  apply({ id, entry }) {
+  /**
+   * One `queue.update`: the entry's new state in place, a new one at the end, gone ones out;
+   * a turn's begin or end changes the session's state, no entry (theirs is gone already).
+   */
+  apply({ kind, id, entry, turn }) {
+    if (kind === "turn" || kind === "turn_ended") {
+      if (turn === void 0) return;
+      this.current = kind === "turn" ? { id: turn.id, since: Date.now(), why: "" } : null;
+      this.lastTurn = kind === "turn" ? null : turn;
+      return;
+    }
     const at = this.entries.findIndex((e) => e.id === id);
     if (entry === null) {
       if (at >= 0) this.entries.splice(at, 1);
@@ -1388,10 +1415,42 @@ var SessionView = class {
     if (this.entries.length === 0 && this.list.querySelector(":scope > .empty") === null) {
       this.list.append(h("li", { class: "empty muted" }, "The queue is empty."));
     }
-    const now = Date.now();
+    this.tick(Date.now());
+  }
+  /** The facts that move with the clock: the turn line's and every card's. */
+  tick(now) {
+    const turn = this.current;
+    const last = this.lastTurn;
+    let state = "";
+    let text = "";
+    if (turn !== null) {
+      state = "turn";
+      const which = turn.id === null ? "its ID comes with its end" : `turn ${turn.id}`;
+      text = `agent working: ${duration((now - turn.since) / 1e3)} (${which}); the next entry waits for the turn to end`;
+      if (turn.why !== "") text += `. Still held: ${turn.why}`;
+    } else if (last !== null) {
+      state = "ended";
+      const why = TURN_ENDS.get(last.why) ?? last.why;
+      text = `last turn ${last.id} ended after ${duration(last.seconds)} (${why})`;
+    }
+    this.turnLine.hidden = state === "";
+    this.turnLine.dataset["state"] = state;
+    setText(this.turnLine, text);
     for (const card of this.cards.values()) card.tick(now);
   }
 };
+function turnFromEntries(entries, now) {
+  const pending = entries.filter((e) => e.status === "pending");
+  if (pending.length === 0) return void 0;
+  let longest = null;
+  let why = "";
+  for (const e of pending) {
+    const s = nsToSeconds(e.inTurnFor);
+    if (s !== null && s >= 0 && (longest === null || s > longest)) longest = s;
+    why ||= e.turnWhy ?? "";
+  }
+  return longest === null ? null : { id: null, since: now - longest * 1e3, why };
+}
 function sessionView(ctx2, ws, ses) {
   return new SessionView(ctx2, ws, ses);
 }
@@ -1425,16 +1484,20 @@ function every(ctx2, ms, fn, fail) {
 
 // src/views/workspace.ts
 function row(ws, s) {
+  const inTurn = s.inTurnFor !== null && s.inTurnFor !== void 0;
   return h(
     "li",
-    { class: "row", "data-session": s.id },
+    { class: "row", "data-session": s.id, "data-turn": inTurn },
     h("a", { class: "name", href: sessionHash(ws, s.id) }, s.id),
     h(
       "span",
       { class: "facts" },
       h("span", { class: "fact" }, `${s.entries} entr${s.entries === 1 ? "y" : "ies"}`),
       waited("delivering for", s.deliveringFor),
-      waited("blocked behind an in-flight delivery for", s.blockedFor),
+      // In turn the hold is the agent's turn, not a send: its own words, and the wait behind it
+      // is the turn's age, so it is not said twice.
+      inTurn ? waited("agent working for", s.inTurnFor) : waited("blocked behind an in-flight delivery for", s.blockedFor),
+      inTurn && s.counts.pending > 0 ? h("span", { class: "fact" }, "next entry waits for the turn") : null,
       waited("oldest pending", s.oldestPendingFor)
     ),
     countPills(s.counts)
