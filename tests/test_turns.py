@@ -253,3 +253,23 @@ async def test_the_turns_of_a_worker_whose_heartbeat_lapsed_are_released(client:
         await eventually(lambda: holds(second.delivered == ["B"]))
     assert second.asked[:1] == ["turn-A"]
     assert await client.zscore(OWNERS, "w-gone") is None  # taken off, by the one who released
+
+
+async def test_an_owner_whose_agent_cannot_answer_says_why_where_the_next_entry_waits(
+    client: Client,
+) -> None:
+    outbox = Outbox(client, TURNS)  # a ceiling of two hours: only the owner asks
+    agent = WatchingAgent(answer=TurnState.UNKNOWN)
+    async with outbox.running(agent):
+        await outbox.accept(WS, SES, "u", "c1", "A")
+        await outbox.accept(WS, SES, "u", "c2", "B")
+        [b] = await eventually(lambda: _waiting_with_why(outbox))
+        assert "did not say whether the turn ended" in b.turn_why
+        agent.answer = TurnState.RUNNING  # it answers again: the why is cleared
+        await eventually(lambda: _waiting_without_why(outbox))
+        assert agent.delivered == ["A"]
+
+
+async def _waiting_without_why(outbox: Outbox) -> bool:
+    listed = await outbox.list(WS, SES)
+    return bool(listed) and not listed[0].turn_why and listed[0].in_turn_for > 0

@@ -123,6 +123,11 @@ def hold_ms(t: Tunables) -> int:
     return round((t.turn_ceiling + t.turn_grace + 2 * t.turn_check_interval + t.lease_ttl) * 1000)
 
 
+def unanswered(reason: str) -> str:
+    """Why a turn the agent could not be asked about is still held (List's turnWhy)."""
+    return f"the agent did not say whether the turn ended: {reason}"[:300]
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What a check does: end the turn (``end``: why), or keep it as ``keep``; ``abort``: ask
@@ -160,6 +165,6 @@ def after_check(
         return Decision(keep=replace(hold, check_ms=later, why=""))
     if lasted >= t.turn_ceiling + t.turn_grace:
         return Decision(end=UNREACHABLE)
-    why = f"the agent did not say whether the turn ended: {reason}"[:300]
+    why = unanswered(reason)
     keep = replace(hold, check_ms=later, why=why)
     return Decision(keep=keep, abort=hold.abort and can_abort)

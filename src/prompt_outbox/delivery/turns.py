@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from ..core import machine, turns
@@ -37,6 +37,7 @@ class Owned:
 
     turn: str
     since_ms: int
+    unsure: bool = False  # the last ask got no answer (and the turn's record says why)
 
 
 class Turns:
@@ -214,13 +215,27 @@ class Turns:
         async def one(ws: str, ses: str, mine: Owned) -> None:
             async with gate:
                 k = SessionKeys(ws, ses)
-                state, _ = await self._ask(
+                state, reason = await self._ask(
                     k, turns.TurnHold(mine.turn, "", mine.since_ms, 0), deliverer
                 )
                 if state is TurnState.ENDED:
                     await self.end(k, mine.turn)
+                elif (state is TurnState.UNKNOWN) != mine.unsure:
+                    # Say why where the waiting entries show it, once per change, not per ask.
+                    await self._note(k, mine, "" if state is TurnState.RUNNING else reason)
 
         await asyncio.gather(*(one(ws, ses, m) for (ws, ses), m in list(self.owned.items())))
+
+    async def _note(self, k: SessionKeys, mine: Owned, reason: str) -> None:
+        """Write (or clear) why an owned turn is still held in its record (List's turnWhy)."""
+        value = await self.store.turns.lock_value(k)
+        hold = turns.decode_turn(value)
+        if hold is None or hold.turn != mine.turn or hold.owner != self.owner:
+            return
+        why = turns.unanswered(reason) if reason else ""
+        new = replace(hold, why=why).encode()
+        if await self.store.turns.keep_turn(k, value, new, self.now_ms(), self.owner):
+            mine.unsure = bool(reason)
 
     async def release(self, owner: str, where: list[str] | None = None) -> int:
         """Release every turn of ``owner`` (stopped, or its heartbeat lapsed): unowned and due
