@@ -95,6 +95,22 @@ async def test_a_held_turn_is_ended_by_a_token_once(api: httpx.AsyncClient, outb
     )
 
 
+async def test_the_session_turn_route_says_how_long_and_is_scoped(
+    api: httpx.AsyncClient, outbox: Outbox
+) -> None:
+    path = f"/v1/workspaces/{WS}/sessions/{SES}/turn"
+    assert refusal(await api.get(path, headers=ALICE)) == (404, "no_turn")
+    entry = await hold_turn(outbox)  # the queue is empty: only this route tells the turn
+    r = await api.get(path, headers=ALICE)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["turn"], body["entry"], body["why"]) == (TURN, entry.id, "")
+    assert body["seconds"] >= 0
+    assert (await api.get(path)).status_code == 401  # no token
+    await outbox.end_turn(WS, SES, TURN)
+    assert refusal(await api.get(path, headers=ALICE)) == (404, "no_turn")
+
+
 async def test_a_held_turn_is_ended_by_the_webhook_signature(
     api: httpx.AsyncClient, outbox: Outbox
 ) -> None:

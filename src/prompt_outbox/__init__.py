@@ -52,6 +52,7 @@ from .core.ledger import (
     LEDGER_STATES,
 )
 from .core.settings import DurabilityLevel, Tunables
+from .core.turns import TurnInfo
 from .outbox import Outbox
 from .storage.connect import connect
 from .storage.feed import FeedLimits, FellBehind, StreamEnded
@@ -96,6 +97,7 @@ __all__ = [
     "Turn",
     "TurnEnd",
     "TurnEnded",
+    "TurnInfo",
     "TurnState",
     "TurnWatcher",
     "Verdict",

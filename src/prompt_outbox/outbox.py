@@ -30,6 +30,7 @@ from .core.keys import check_client_message_id, session_keys
 from .core.metrics import Metrics
 from .core.settings import Tunables
 from .core.timeutil import Clock, to_ms, utcnow
+from .core.turns import TurnInfo, decode_turn
 from .core.validate import (
     WhileBusy,
     check_model,
@@ -362,6 +363,12 @@ class Outbox:
         """End the session's turn of that ID (DESIGN.md §8): its next entry is then sent.
         ``ended`` False when it holds no such turn (unknown, or over: a second call is fine)."""
         return await self._engine.turns.end(session_keys(workspace_id, session_id), turn_id)
+
+    async def turn(self, workspace_id: str, session_id: str) -> TurnInfo | None:
+        """The session's turn, if it is held in one (its ID, entry, how long, why); else None."""
+        value = await self._store.turns.lock_value(session_keys(workspace_id, session_id))
+        hold = decode_turn(value)
+        return hold.info(to_ms(self._clock())) if hold is not None else None
 
     async def recover(self) -> int:
         """Requeue staged entries left by a crash as verifying, at their session's head.

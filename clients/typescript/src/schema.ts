@@ -369,6 +369,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/workspaces/{ws}/sessions/{ses}/turn": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Session Turn
+         * @description The session's turn while it is held in one (200): the agent works on a delivered
+         *     prompt, and the session's next entry waits for its end. 404 ``no_turn`` otherwise: what
+         *     a page shows for a session in turn whose queue is empty.
+         */
+        get: operations["session_turn_v1_workspaces__ws__sessions__ses__turn_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces/{ws}/sessions/{ses}/turns/{turn}/end": {
         parameters: {
             query?: never;
@@ -658,6 +680,32 @@ export interface components {
              * @description how long the turn lasted
              */
             seconds: number;
+        };
+        /**
+         * TurnOut
+         * @description The session's turn (``GET .../turn``): the agent works on a delivered prompt.
+         */
+        TurnOut: {
+            /**
+             * Entry
+             * @description the ID of the entry delivered, whose turn it is
+             */
+            entry: string;
+            /**
+             * Seconds
+             * @description how long the turn has lasted
+             */
+            seconds: number;
+            /**
+             * Turn
+             * @description the turn ID the deliverer handed back
+             */
+            turn: string;
+            /**
+             * Why
+             * @description why it is still held when the agent could not say; or ''
+             */
+            why: string;
         };
         /** WorkspaceOut */
         WorkspaceOut: {
@@ -2342,6 +2390,103 @@ export interface operations {
             };
             /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    session_turn_v1_workspaces__ws__sessions__ses__turn_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+                /** @description session ID */
+                ses: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TurnOut"];
+                };
+            };
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such entry */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

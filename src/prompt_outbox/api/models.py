@@ -55,6 +55,15 @@ class EditedOut(BaseModel):
     edited: Literal[True] = True
 
 
+class TurnOut(BaseModel):
+    """The session's turn (``GET .../turn``): the agent works on a delivered prompt."""
+
+    turn: str = Field(description="the turn ID the deliverer handed back")
+    entry: str = Field(description="the ID of the entry delivered, whose turn it is")
+    seconds: float = Field(description="how long the turn has lasted")
+    why: str = Field(description="why it is still held when the agent could not say; or ''")
+
+
 class TurnEndOut(BaseModel):
     """A turn ended (``POST .../turns/{turn}/end``)."""
 

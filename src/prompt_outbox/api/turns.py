@@ -33,10 +33,11 @@ from ..core.signature import (
     WebhookSignatureError,
     verify_turn_end,
 )
-from .auth import principal
+from .auth import Caller, principal
 from .errors import ERROR_WHY, ApiError, ErrorBody, errors
-from .models import TurnEndOut
+from .models import TurnEndOut, TurnOut
 from .params import OutboxDep, SessionId, WorkspaceId
+from .prompts import SESSION
 
 router = APIRouter()
 
@@ -140,3 +141,16 @@ async def end_turn(ws: WorkspaceId, ses: SessionId, turn: TurnId, outbox: Outbox
     if not done.ended:
         raise _not_held(turn)
     return TurnEndOut(ended=True, seconds=done.seconds)
+
+
+@router.get(SESSION + "/turn", response_model=TurnOut, responses=errors(404))
+async def session_turn(
+    ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep
+) -> TurnOut:
+    """The session's turn while it is held in one (200): the agent works on a delivered
+    prompt, and the session's next entry waits for its end. 404 ``no_turn`` otherwise: what
+    a page shows for a session in turn whose queue is empty."""
+    found = await outbox.turn(ws, ses)
+    if found is None:
+        raise ApiError(404, "no_turn", "the session is not held in a turn")
+    return TurnOut(turn=found.turn, entry=found.entry, seconds=found.seconds, why=found.why)

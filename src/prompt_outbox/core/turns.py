@@ -43,6 +43,17 @@ UNREACHABLE = "unreachable"  # the agent never answered until turn_ceiling + tur
 
 
 @dataclass(frozen=True, slots=True)
+class TurnInfo:
+    """A session's turn as ``Outbox.turn`` tells it: its ID, the entry delivered, how long it
+    has lasted (seconds), and why it is still held when the agent could not say ('')."""
+
+    turn: str
+    entry: str
+    seconds: float
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class TurnHold:
     """One session's turn: its ID, the delivered entry, when it began, when it is next
     checked (ms), why the last check could not settle it, and whether an abort was asked."""
@@ -68,6 +79,9 @@ class TurnHold:
     def seconds(self, now_ms: int) -> float:
         """How long the turn has lasted."""
         return max(0.0, (now_ms - self.since_ms) / 1000)
+
+    def info(self, now_ms: int) -> TurnInfo:
+        return TurnInfo(self.turn, self.entry, self.seconds(now_ms), self.why)
 
 
 def is_turn(lock_value: str | None) -> bool:
