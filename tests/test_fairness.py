@@ -15,6 +15,7 @@ from valkey.asyncio.cluster import ValkeyCluster
 
 from prompt_outbox import Entry, Outbox, Tunables
 from prompt_outbox.core.keys import bucket_of
+from prompt_outbox.delivery.runloop import START_BURST
 from prompt_outbox.storage.client import Client
 from tests.conftest import FAST, eventually, holds
 
@@ -93,6 +94,31 @@ async def test_two_backlogs_share_the_slots_round_robin(client: Client) -> None:
         await eventually(lambda: holds(len(sends.order) >= 120), within=60)
     ahead = [sends.order[:n].count(BUSY) - sends.order[:n].count(QUIET) for n in range(1, 121)]
     assert max(abs(a) for a in ahead) <= concurrency, ahead
+
+
+async def test_starts_are_paced_so_a_fresh_prompt_is_not_queued_behind_a_thousand(
+    client: Client,
+) -> None:
+    """Default Tunables (1,000 slots), 3,000 due sessions of one workspace and sends that
+    take no time; a prompt to another workspace accepted as the backlog's first send begins.
+    Each pass starts at most START_BURST drains, so the prompt's own round trips wait behind
+    a few dozen others: a burst or two of the backlog goes first, not the thousand that one
+    pass started at once before (whose every call shared a batch with the prompt's)."""
+    outbox = Outbox(client, Tunables())
+    await accept_many(outbox, BUSY, 3000)
+    sends = Sends(hold=0.0)
+    fresh: list[asyncio.Task[Entry]] = []
+
+    async def deliver(ws: str, ses: str, entry: Entry) -> None:
+        if not fresh:
+            fresh.append(asyncio.create_task(outbox.accept(QUIET, "q", "u", "c", "x")))
+        await sends(ws, ses, entry)
+
+    async with outbox.running(deliver, tick=0.2):
+        await eventually(lambda: holds(QUIET in sends.order), within=60)
+    await fresh[0]
+    backlog_sends_first = sends.order.index(QUIET) - 1  # the send that accepted it
+    assert backlog_sends_first <= 4 * START_BURST, backlog_sends_first
 
 
 async def _zrange_calls(client: Client) -> int:

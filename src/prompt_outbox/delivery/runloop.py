@@ -12,8 +12,9 @@ Fair share (DESIGN.md §8): the ``concurrency`` slots go round-robin across the 
 due sessions, one session each per round, the workspace this loop served least recently
 first (then the one whose due mark is oldest). One workspace's backlog takes one slot per
 round, however long it is, and a workspace that a fresh accept woke takes one of the next
-slots. A pass reads only what its free slots can start (``_limit``), so a loop holding 1,000
-drains costs no more per pass than one holding ten, and a full loop reads nothing.
+slots. A pass starts at most ``START_BURST`` drains and reads only what it may start
+(``_limit``), so a loop holding 1,000 drains costs no more per pass than one holding ten, and
+a full loop reads nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ STOP_GRACE = 5.0
 it started (capped by ``Tunables.bookkeeping_timeout``) before it cancels them: each can take
 as long as an agent or a hook does, and each is safe to cut (a pass is redone, an owed call
 stays owed and another worker makes it)."""
+
+START_BURST = 32
+"""Drains one pass starts at most; with more due and slots free, the next pass follows at
+once. Started a thousand at a time, every drain's round trips waited behind a thousand
+others' (one auto-pipelined batch): behind a backlog of short sends a fresh prompt waited
+0.1-0.7 s to be sent, 20-40 ms paced, and the backlog went no slower (docs/design.md)."""
 
 MIN_READ = 16
 """The fewest marks per bucket and due sessions per workspace a pass reads, however few slots
@@ -264,11 +271,12 @@ class RunLoop:
         return self.tunables.concurrency - len(self.active)
 
     def _limit(self) -> int:
-        """The marks per bucket and due sessions per workspace a pass reads: what its free
-        slots can start, not ``concurrency`` (a loop holding 1,000 drains that has one slot
-        free reads a few members, not a thousand), plus the sessions started just before,
-        which the index may still list as due; at least ``MIN_READ``."""
-        return max(MIN_READ, self._free() + self._started_before + self._started_now)
+        """The marks per bucket and due sessions per workspace a pass reads: what it may start
+        (its free slots, at most ``START_BURST``), not ``concurrency`` (a loop holding 1,000
+        drains that has one slot free reads a few members, not a thousand), plus the sessions
+        started just before, which the index may still list as due; at least ``MIN_READ``."""
+        starts = min(self._free(), START_BURST)
+        return max(MIN_READ, starts + self._started_before + self._started_now)
 
     async def _visit(
         self, found: list[tuple[Mark, Visit]], now_ms: int, limit: int
@@ -292,7 +300,7 @@ class RunLoop:
         waiting = [deque(s for s in v.due if (m.ws, s) not in self.active) for m, v in order]
         served = [False] * len(order)
         turn = deque(i for i, w in enumerate(waiting) if w)
-        while turn and not self.stopping and self._free() > 0:
+        while turn and not self.stopping and self._free() > 0 and self._started_now < START_BURST:
             i = turn.popleft()
             self._start_drain(SessionKeys(order[i][0].ws, waiting[i].popleft()))
             served[i] = True
