@@ -56,7 +56,8 @@ chaos: $(STAMP)
 # bodies and request heads, with and without a token, against its idle memory (bench/flood.py);
 # serve's peak memory for the overview routes and a /metrics count against a workspace holding
 # 100 MB, against its idle memory (bench/overview.py); one worker holding 10,000 agent turns:
-# its RSS per turn, Valkey commands/s while held, a fresh session's accept -> send (bench/turns.py).
+# its RSS per turn, Valkey commands/s while held, a fresh session's accept -> send (bench/turns.py);
+# another workspace's accept -> send behind one workspace's 5,000 due sessions (bench/fairness.py).
 # Tables go to the terminal and bench-report.md;
 # each target's verdict to bench-results.jsonl, from which bench/summary.py writes the targets
 # table into docs/performance.md.
@@ -72,6 +73,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.flood --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.overview --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.turns --out bench-report.md --results bench-results.jsonl
+	$(BIN)/python -m bench.fairness --out bench-report.md --results bench-results.jsonl
 	$(BIN)/python -m bench.summary --results bench-results.jsonl --doc docs/performance.md
 
 # The TypeScript client's generated types: clients/typescript/openapi.json from `prompt-outbox
