@@ -216,6 +216,8 @@ class Engine:
         else:
             held = None
         claimed = await self.claim(k, hold.lockval, entry, via, hold, raw=raw, turn=held)
+        if held is not None and not claimed:
+            self.turns.unsure = True  # it may have landed, its reply lost
         if claimed and held is not None:
             self.turns.began(k, held[0])
             if via == "verify":

@@ -58,6 +58,9 @@ class Turns:
         self._bookkeep = bookkeep
         self.owner = ""  # this worker's heartbeat ID while ``keeping``; '' owns nothing
         self.owned: dict[tuple[str, str], Owned] = {}
+        # A turn of ours may be held that ``owned`` lacks (a claim or check whose reply was
+        # lost): then our heartbeat is left to lapse at stop, for another to walk them all.
+        self.unsure = False
 
     # -- a turn begins, is checked, ends ----------------------------------------------------
 
@@ -119,6 +122,7 @@ class Turns:
             )
             if kept:
                 self._own(k, decision.keep)
+            self.unsure = self.unsure or kept is None
         return False
 
     async def _ask(
@@ -167,24 +171,26 @@ class Turns:
         so the other workers check them at once (in the workspaces it knows them in)."""
         if isinstance(deliverer, TurnWatcher):
             deliverer.watch_turns(ended)
-        self.owner = f"w{secrets.token_hex(8)}"
+        self.owner, self.unsure = f"w{secrets.token_hex(8)}", False
         task = detached.start(self._keep(deliverer))
         try:
             yield
         finally:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, *TRANSIENT_ERRORS):
-                await task
+            # Bounded: a Valkey call may swallow the cancel (see lease.Kept).
+            await asyncio.wait({task}, timeout=self.tunables.bookkeeping_timeout)
             owner, self.owner = self.owner, ""
             if isinstance(deliverer, TurnWatcher):
                 deliverer.watch_turns(None)
-            # Ours, where we know them: no walk over every workspace on the way out. Our
-            # heartbeat is left to lapse: the worker that then finds it walks them all,
-            # for any turn of ours a lost reply kept out of ``owned``.
+            # Ours, where we know them: no walk over every workspace on the way out. Unless
+            # a lost reply may have kept one out of ``owned``, our heartbeat goes too; else
+            # it is left to lapse, and the worker that finds it walks them all.
             where = sorted({ws for ws, _ in self.owned})
             self.owned.clear()
             with contextlib.suppress(*TRANSIENT_ERRORS):
                 await self.release(owner, where)
+                if not self.unsure:
+                    await self.store.turns.claim_dead(owner)
 
     async def _keep(self, deliverer: Deliverer) -> None:
         t = self.tunables
