@@ -29,7 +29,8 @@ from prompt_outbox.core.errors import TransientDeliveryError
 from prompt_outbox.deliver import OpencodeDeliverer, template_targets
 from prompt_outbox.deliver.answer import MiB
 from prompt_outbox.deliver.opencode import message_id
-from prompt_outbox.deliver.opencode_events import SSEParser, TurnStreams, session_change
+from prompt_outbox.deliver.opencode_events import TurnStreams
+from prompt_outbox.deliver.sse_events import SSEParser, session_change
 from prompt_outbox.embedded import free_port
 from tests.conftest import FAST, eventually, holds
 from tests.fake_model import FakeModel

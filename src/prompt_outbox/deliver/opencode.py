@@ -50,7 +50,8 @@ from ..core.entry import Entry
 from ..core.errors import ambiguous, transient
 from ..core.timeutil import to_ms
 from .answer import Answer, KiB, MiB, bounded_request
-from .opencode_events import EVENT_MAX_BYTES, TurnStreams
+from .opencode_events import TurnStreams
+from .sse_events import EVENT_MAX_BYTES
 
 log = logging.getLogger("prompt_outbox.opencode")
 

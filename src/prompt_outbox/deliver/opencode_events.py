@@ -22,22 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from typing import Any
 
 import httpx
 
 from ..core.callbacks import TurnEnded, TurnState
-from .answer import MiB, bounded_request
+from .opencode_status import ClientFor, StatusReads
+from .sse_events import EVENT_MAX_BYTES, SSEParser, session_change
 
 log = logging.getLogger("prompt_outbox.opencode")
 
-EVENT_MAX_BYTES = MiB  # the default bound of one line, and of one event's data
-STATUS_ANSWER_BYTES = 4 * MiB  # GET /session/status: ~50 bytes per busy session
 STREAM_READ_TIMEOUT = 30.0  # three missed heartbeats: a silent connection is reopened
 STREAM_LINGER = 30.0  # how long a server's stream outlives its last watched turn
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0  # seconds between reconnects, doubling
@@ -51,134 +48,6 @@ EARLY_RETRIES = (0.05, 0.2, 0.5, 1.0, 2.0)
 # stored the message and went busy ~0.6 s after its 204 (1.18.33). A status read ends a turn
 # only once its send answered this long ago; a younger one is read again when it comes of age.
 SEND_GRACE = 5.0
-
-_LF, _CR = 0x0A, 0x0D
-
-
-@dataclass(frozen=True, slots=True)
-class SSEEvent:
-    """One dispatched server-sent event: its ``event`` field ("message" when none) and data."""
-
-    event: str
-    data: bytes
-
-
-class SSEParser:
-    """A text/event-stream parser (the WHATWG rules: lines end in CR, LF or CRLF, ``data``
-    lines join with LF, a blank line dispatches, ``:`` starts a comment) that holds at most
-    ``max_bytes`` of a line and of an event's data. A longer line is skipped as its bytes
-    arrive and the event it belongs to is dropped whole (``skipped`` counts them): never a
-    part of an event, never a buffer that grows with what the sender sends."""
-
-    def __init__(self, max_bytes: int = EVENT_MAX_BYTES) -> None:
-        if max_bytes < 1:
-            raise ValueError("max_bytes must be at least 1")
-        self.max_bytes = max_bytes
-        self.skipped = 0
-        self._line = bytearray()
-        self._skipping = False  # inside a line past the bound: drop bytes to its end
-        self._after_cr = False  # the last chunk ended in CR: a leading LF belongs to it
-        self._data = bytearray()
-        self._has_data = False
-        self._event = ""
-        self._broken = False  # the event in progress lost a line: drop it at its end
-
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
-        """The events that ``chunk`` completes, in order."""
-        out: list[SSEEvent] = []
-        pos, n = 0, len(chunk)
-        if self._after_cr and n and chunk[0] == _LF:
-            pos = 1
-        self._after_cr = False
-        next_cr = chunk.find(b"\r", pos)
-        while pos < n:
-            lf = chunk.find(b"\n", pos)
-            if 0 <= next_cr < pos:
-                next_cr = chunk.find(b"\r", pos)
-            end = min(i for i in (lf, next_cr, n) if i >= 0)
-            self._take(chunk, pos, end)
-            if end == n:
-                break
-            pos = end + 1
-            if chunk[end] == _CR:
-                if pos < n and chunk[pos] == _LF:
-                    pos += 1
-                elif pos == n:
-                    self._after_cr = True
-            if (event := self._line_done()) is not None:
-                out.append(event)
-        return out
-
-    def _take(self, chunk: bytes, start: int, end: int) -> None:
-        if self._skipping or start == end:
-            return
-        if len(self._line) + end - start > self.max_bytes:
-            self._skipping, self._broken = True, True
-            self._line.clear()
-            return
-        self._line += chunk[start:end]
-
-    def _line_done(self) -> SSEEvent | None:
-        if self._skipping:
-            self._skipping = False
-            return None
-        line = bytes(self._line)
-        self._line.clear()
-        if not line:
-            return self._dispatch()
-        if line[0] == 0x3A:  # ":": a comment (opencode's /api streams send heartbeats so)
-            return None
-        name, colon, value = line.partition(b":")
-        if colon and value[:1] == b" ":
-            value = value[1:]
-        if name == b"data":
-            if len(self._data) + len(value) + 1 > self.max_bytes:
-                self._broken = True
-            elif not self._broken:
-                if self._has_data:
-                    self._data += b"\n"
-                self._data += value
-                self._has_data = True
-        elif name == b"event":
-            self._event = value.decode("utf-8", errors="replace")
-        return None  # id, retry and unknown fields: nothing we use
-
-    def _dispatch(self) -> SSEEvent | None:
-        event = None
-        if self._broken:
-            self.skipped += 1
-        elif self._has_data:
-            event = SSEEvent(self._event or "message", bytes(self._data))
-        self._data.clear()
-        self._has_data, self._event, self._broken = False, "", False
-        return event
-
-
-def session_change(data: bytes) -> tuple[str, bool] | None:
-    """``(sessionID, idle)`` from one opencode event's data, or None for anything else (an
-    event of another type, data that is not JSON or not of the expected shape)."""
-    if b'"session.' not in data:  # most events (message parts, deltas) go no further
-        return None
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(value, dict):
-        return None
-    props = value.get("properties")
-    if not isinstance(props, dict):
-        return None
-    session = props.get("sessionID")
-    if not isinstance(session, str) or not session:
-        return None
-    kind = value.get("type")
-    if kind == "session.idle":
-        return session, True
-    if kind == "session.status":
-        status = props.get("status")
-        if isinstance(status, dict):
-            return session, status.get("type") == "idle"
-    return None
 
 
 class _Watch:
@@ -233,10 +102,6 @@ class _Server:
         self.empty_since = time.monotonic()
 
 
-ClientFor = Callable[[str], httpx.AsyncClient]
-"""``(base_url) -> client``: the HTTP client (and its connection pool) of one server."""
-
-
 class TurnStreams:
     """The turns watched on every opencode server, and one event stream per server.
 
@@ -267,7 +132,7 @@ class TurnStreams:
         self._chores: set[asyncio.Task[None]] = set()  # status reads asked for, cancelled by stop
         self._stopped: list[asyncio.Task[None]] = []  # streams cancelled, not yet awaited
         self._report_slots = asyncio.Semaphore(REPORTS_AT_ONCE)
-        self._status_reads: dict[str, asyncio.Future[set[str] | None]] = {}
+        self._status = StatusReads(client_for, timeout)
 
     # -- what the deliverer calls --
 
@@ -317,7 +182,7 @@ class TurnStreams:
                 return TurnState.ENDED
             if watch.sending or watch.server.connected:
                 return TurnState.RUNNING
-        busy = await self._shared_busy(base)
+        busy = await self._status.shared(base)
         if busy is not None and session not in busy and not (watch and self._young(watch)):
             if watch is not None:
                 self._remove(watch)  # the caller ends it: no report of ours as well
@@ -522,48 +387,13 @@ class TurnStreams:
                     break
         return True
 
-    async def _busy(self, base: str) -> set[str] | None:
-        """The sessions ``GET {base}/session/status`` lists as not idle, or None if it could
-        not be read whole."""
-        try:
-            answer = await bounded_request(
-                self._client_for(base),
-                "GET",
-                base + "/session/status",
-                limit=STATUS_ANSWER_BYTES,
-                deadline=self._timeout,
-            )
-            if answer.status != 200:
-                raise RuntimeError(f"GET /session/status answered {answer.status}")
-            value: Any = answer.json()
-            if not isinstance(value, dict):
-                raise TypeError("GET /session/status answered no object")
-        except Exception as exc:
-            log.info("opencode status of %s unreadable: %r", base, exc)
-            return None
-        return {
-            session
-            for session, status in value.items()
-            if not (isinstance(status, dict) and status.get("type") == "idle")
-        }
-
-    async def _shared_busy(self, base: str) -> set[str] | None:
-        """``_busy`` for ``state``: the checks of many turns of one server at once (a worker
-        asks about each turn it holds every check interval) share one read in flight."""
-        read = self._status_reads.get(base)
-        if read is None:
-            read = asyncio.ensure_future(self._busy(base))
-            self._status_reads[base] = read
-            read.add_done_callback(lambda _: self._status_reads.pop(base, None))
-        return await asyncio.shield(read)
-
     async def _settle(self, server: _Server) -> bool:
         """Read the server's status and end every watched turn whose session is not busy
         there. Only turns sent before the read began count: one sent since may not show as
         busy yet (``sent`` asks for another read). False if the status was unreadable."""
         began = server.read_began = self._next()
         server.recheck = False
-        busy = await self._busy(server.base)
+        busy = await self._status.busy(server.base)
         if busy is None:
             return False
         young = False
