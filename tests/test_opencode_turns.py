@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -205,16 +206,66 @@ async def test_through_the_run_loop_the_next_prompt_waits_for_the_turn(
         await eventually(lambda: holds(fake_model.user_turns(b) == 1), within=40)
         await eventually(drained)
     await deliverer.aclose()
-    users = [m["info"] for m in opencode.transcript(ses) if m["info"]["role"] == "user"]  # type: ignore[index]
-    assert [
-        [p["text"] for p in m["parts"] if p["type"] == "text"]  # type: ignore[index,union-attr]
-        for m in opencode.transcript(ses)
-        if m["info"]["role"] == "user"  # type: ignore[index]
-    ] == [[a], [b]]
-    a_done = assistant_of(opencode, ses, str(users[0]["id"]))  # type: ignore[index]
+    one_after_the_other(opencode, fake_model, ses, a, b)
+
+
+async def test_serve_holds_the_next_prompt_for_a_turn_longer_than_its_timeout(
+    opencode: OpencodeServer, fake_model: FakeModel, tmp_path: Path
+) -> None:
+    """Issue 23's first finding as the outside harness ran it: ``prompt-outbox serve
+    --opencode-url ... --opencode-timeout 2`` and two prompts POSTed for one session, A a 6 s
+    turn. Before, A's send timed out, was verified delivered, and B went into A's running
+    turn; nothing over HTTP could say the session was in turn."""
+    from tests.test_serve import service, wait_healthy
+
+    ses, port = opencode.new_session(), free_port()
+    a, b = f"[sleep 6] A {uuid.uuid4()}", f"B {uuid.uuid4()}"
+    args = ["--no-auth", "--port", str(port), "--data-dir", str(tmp_path)]
+    base = f"http://127.0.0.1:{port}/v1/workspaces/{WS}/sessions/{ses}"
+    with service([*args, "--opencode-url", opencode.url, "--opencode-timeout", "2"]):
+        wait_healthy(port)
+        async with httpx.AsyncClient(base_url=base) as http:
+            ids = []
+            for n, text in enumerate((a, b)):
+                r = await http.post("/prompts", json={"clientMessageID": f"m{n}", "text": text})
+                assert r.status_code == 202, r.text
+                ids.append(r.json()["id"])
+
+            async def in_turn() -> Any:
+                r = await http.get("/turn")
+                assert r.status_code in (200, 404), r.text
+                return r.json() if r.status_code == 200 else None
+
+            async def entries() -> Any:
+                return (await http.get("/prompts")).json()["entries"]
+
+            async def drained() -> bool:
+                return not await entries()
+
+            # While A's turn runs: the route names it, and B waits behind it saying so.
+            held = await eventually(in_turn, within=30, interval=0.05)
+            waiting = await entries()
+            assert [e["id"] for e in waiting] == ids[1:], waiting
+            assert isinstance(waiting[0].get("inTurnFor"), int), waiting
+            assert held["entry"] == ids[0] and held["why"] == "", held
+            await eventually(lambda: holds(fake_model.user_turns(b) == 1), within=40)
+            await eventually(drained, within=30, interval=0.05)
+    # opencode's turn ID is A's user message (prompt_async's entry-derived messageID).
+    assert held["turn"] == one_after_the_other(opencode, fake_model, ses, a, b)
+
+
+def one_after_the_other(server: OpencodeServer, model: FakeModel, ses: str, a: str, b: str) -> str:
+    """Assert, from opencode's transcript, that A and B each ran once and that B's user
+    message was created after A's turn (its assistant message) completed; A's message ID."""
+    transcript: list[Any] = server.transcript(ses)
+    users = [m for m in transcript if m["info"]["role"] == "user"]
+    assert [[p["text"] for p in m["parts"] if p["type"] == "text"] for m in users] == [[a], [b]]
+    first, second = (m["info"] for m in users)
+    a_done: Any = assistant_of(server, ses, str(first["id"]))
     assert completed(a_done)
-    assert users[1]["time"]["created"] >= a_done["time"]["completed"]  # type: ignore[index]
-    assert fake_model.user_turns(a) == 1 and fake_model.user_turns(b) == 1
+    assert second["time"]["created"] >= a_done["time"]["completed"]
+    assert model.user_turns(a) == 1 and model.user_turns(b) == 1
+    return str(first["id"])
 
 
 # -- a stand-in opencode: what a real one does not do on demand -----------------------------
