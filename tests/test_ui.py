@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -49,6 +50,10 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 USER, ADMIN = "alice-ui-token", "ops-ui-token"
 TUNABLES = {"max_attempts": 1, "retry_backoff": 30, "max_backoff": 60}
 XSS = ["<script>window.__xss=1</script>", '<img src=x onerror="window.__xss=1">']
+# The browser's line for the turn route's 404 (the console line names the URL it loaded).
+NO_TURN = re.compile(
+    r"Failed to load resource: .* status of 404 \(Not Found\) @ .*/sessions/[^/]+/turn"
+)
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     "img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'"
@@ -261,9 +266,13 @@ class Seen:
     requests: list[str] = field(default_factory=list)
 
     def unexpected(self, *allowed_statuses: int) -> list[str]:
-        """Console errors other than the browser's line for an answer with an allowed status."""
+        """Console errors other than the browser's line for an answer with an allowed status,
+        or for the turn route's 404 (``no_turn``: how it says the session is in no turn, and
+        the session view asks it after a reset with no pending entry)."""
         allowed = tuple(f"status of {s} " for s in allowed_statuses)
-        return [m for m in self.console if not any(a in m for a in allowed)] + self.errors
+        return [
+            m for m in self.console if not any(a in m for a in allowed) and not NO_TURN.fullmatch(m)
+        ] + self.errors
 
 
 @contextlib.contextmanager
@@ -280,7 +289,12 @@ def opened(browser: Browser, *, phone: bool = False) -> Iterator[tuple[Page, See
         context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     seen = Seen()
-    page.on("console", lambda m: seen.console.append(m.text) if m.type == "error" else None)
+    page.on(
+        "console",
+        lambda m: (
+            seen.console.append(f"{m.text} @ {m.location['url']}") if m.type == "error" else None
+        ),
+    )
     page.on("pageerror", lambda e: seen.errors.append(str(e)))
     page.on("dialog", lambda d: (seen.dialogs.append(d.message), d.dismiss()))
     page.on("request", lambda r: seen.requests.append(r.url))
@@ -543,12 +557,13 @@ def test_a_session_in_turn_is_a_state_of_its_own(
 ) -> None:
     """Issue 23: the agent works on a delivered prompt (202 {"turn"}), the session is held in
     turn. The page says so over the queue, with the turn's ID (hostile: shown as text), from
-    the stream's ``turn`` update; the entry behind it waits for the turn, not for a send; a
-    reload brings the state back from the entries' ``inTurnFor``; the workspace's row says the
-    agent is working, not "blocked behind a delivery"; a dismiss meanwhile is busy;
+    the stream's ``turn`` update; a reload while nothing waits brings it back, ID and age, from
+    the turn route (the reset holds no entry); the entry behind it waits for the turn, not for
+    a send; a reload brings the state back from the entries' ``inTurnFor``; the workspace's row
+    says the agent is working, not "blocked behind a delivery"; a dismiss meanwhile is busy;
     the end route ends the turn: the page says how long it took and why, and the next entry
     goes."""
-    from playwright.sync_api import expect
+    from playwright.sync_api import Route, expect
 
     origin, agent = stack
     ws, ses = "acme", "turns-1"
@@ -564,6 +579,22 @@ def test_a_session_in_turn_is_a_state_of_its_own(
         expect(line).to_contain_text("agent working:")
         expect(line).to_contain_text(f"turn {turn_id}")
         expect(card(page, first)).to_have_count(0)  # delivered: out of the queue
+
+        # A reload while the turn holds and nothing waits: the reset is empty, so the page
+        # asks the turn route. Its real answer, 130 s older on the way (an age the test can
+        # tell from the page's own count), says the ID and how long.
+        def older(route: Route) -> None:
+            real = route.fetch()
+            route.fulfill(
+                response=real, json={**real.json(), "seconds": real.json()["seconds"] + 130}
+            )
+
+        page.route(f"**/sessions/{ses}/turn", older)
+        page.reload()
+        expect(line).to_have_attribute("data-state", "turn")
+        expect(line).to_contain_text("agent working: 2 min 1")  # 130-139 s
+        expect(line).to_contain_text(f"(turn {turn_id})")
+        page.unroute(f"**/sessions/{ses}/turn")
         after = accept(origin, USER, ws, ses, "then: run the tests")
         waiting = card(page, after)
         expect(waiting.locator(".pill")).to_have_text("pending")
@@ -604,6 +635,9 @@ def test_a_session_in_turn_is_a_state_of_its_own(
         assert page.evaluate("() => window.__xss") is None
         assert page.locator("img").count() == 0
         assert not [u for u in seen.requests if urlparse(u).path.endswith("/x")]
+        # One ask per reset with no pending entry (the first load's, the reload's), no other.
+        asked = [u for u in seen.requests if urlparse(u).path.endswith(f"/sessions/{ses}/turn")]
+        assert len(asked) == 2, asked
         assert seen.unexpected(401, 409) == [] and seen.dialogs == []
     # The turn of `after` ("then: ..." is answered 200: no turn) left nothing held.
     assert listing(origin, ws, ses) == []

@@ -18,6 +18,7 @@ import type {
   Retried,
   SessionPage,
   Ticket,
+  TurnInfo,
   WhileBusy,
   WorkspacePage,
 } from "./types.js";
@@ -225,6 +226,22 @@ export class OutboxClient {
   ): Promise<Edited> {
     const path = sessionPath(ws, ses, `/prompts/${encodeURIComponent(id)}`);
     return this.transport.json<Edited>("PATCH", path, { body: changes, signal: options.signal });
+  }
+
+  /**
+   * The session's turn while it is held in one (the agent works on a delivered prompt, and
+   * the next entry waits for the turn to end); `null` when it is not (404 `no_turn`). The
+   * event stream says when a turn begins and ends; this reads it at any moment, e.g. after a
+   * reload whose queue is empty.
+   */
+  async turn(ws: string, ses: string, options: CallOptions = {}): Promise<TurnInfo | null> {
+    try {
+      const path = sessionPath(ws, ses, "/turn");
+      return await this.transport.json<TurnInfo>("GET", path, { signal: options.signal });
+    } catch (err) {
+      if (err instanceof OutboxError && err.status === 404 && err.code === "no_turn") return null;
+      throw err;
+    }
   }
 
   /** Who the token speaks for: its user, whether it is an admin token, its workspaces. */

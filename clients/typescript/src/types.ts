@@ -40,6 +40,12 @@ export type SessionPage = Schemas["SessionPage"];
 export type BulkResult = Schemas["BulkOut"];
 /** Who the token speaks for: `{user, admin, workspaces}`. */
 export type Me = Schemas["MeOut"];
+/**
+ * The session's turn, while it is held in one (`turn()`): `{turn, entry, seconds, why}`: the
+ * turn ID, the delivered entry it works on, how long it has lasted (seconds), and why it is
+ * still held when the agent could not say whether it ended ("" otherwise).
+ */
+export type TurnInfo = Schemas["TurnOut"];
 
 /** The accept's POST body: `{clientMessageID, text, model?, whileBusy?}`. */
 export type PromptBody = PromptsRoute["post"]["requestBody"]["content"]["application/json"];

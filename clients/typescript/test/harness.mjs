@@ -181,14 +181,15 @@ function readBody(req) {
  * The agent: a webhook receiver that checks each delivery's signature with `verifyWebhook`
  * (the client's helper, as a user's receiver would) and records it before it answers; one
  * that fails is answered 401 and kept in `refused`. `behave(entry)` says what to do: "ok"
- * (200, the default), a status code, or "hang" (answer 200 only once `release()` is called).
+ * (200, the default), a status code, "hang" (answer 200 only once `release()` is called), or
+ * `{turn: id}` (202 `{"turn": id}`: the session is held in that turn until it is ended).
  */
 export class Agent {
   constructor() {
     this.received = []; // {key, ws, ses, entry, signed (what verifyWebhook vouched for), headers, body}
     /** @type {WebhookSignatureError[]} */
     this.refused = [];
-    /** @type {(entry: any) => "ok" | "hang" | number} */
+    /** @type {(entry: any) => "ok" | "hang" | number | { turn: string }} */
     this.behave = () => "ok";
     /** @type {Array<(value?: unknown) => void>} */
     this.releases = [];
@@ -222,6 +223,10 @@ export class Agent {
       });
       const action = this.behave(entry);
       if (action === "hang") await new Promise((resolve) => this.releases.push(resolve));
+      if (typeof action === "object") {
+        res.writeHead(202, { "Content-Type": "application/json" }).end(JSON.stringify(action));
+        return;
+      }
       const status = typeof action === "number" ? action : 200;
       res.writeHead(status, { "Content-Type": "application/json" }).end("{}");
     });
@@ -371,7 +376,7 @@ export class Proxy {
 
 /**
  * A serve (auth on) behind a proxy, delivering to a recording agent: what most tests need.
- * @param {{ tunables?: object, behave?: (entry: any) => "ok" | "hang" | number }} [options]
+ * @param {{ tunables?: object, behave?: (entry: any) => "ok" | "hang" | number | { turn: string } }} [options]
  */
 export async function stack({ tunables, behave } = {}) {
   const dir = tempDir();

@@ -1,9 +1,9 @@
-// list / retry / dismiss / edit / ticket: thin typed calls, refusals as OutboxError, and a
+// list / retry / dismiss / edit / ticket / turn: thin typed calls, refusals as OutboxError, and a
 // 409 busy (a delivery holds the session) told apart from a 404.
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
-import { OutboxClient, OutboxError } from "../dist/index.js";
-import { ADMIN_TOKEN, FAST, TOKEN, WS, delivered, stack, until } from "./harness.mjs";
+import { OutboxClient, OutboxError, turnEndPath } from "../dist/index.js";
+import { ADMIN_TOKEN, FAST, OTHER_TOKEN, TOKEN, WS, delivered, stack, until } from "./harness.mjs";
 
 let env;
 let client;
@@ -12,7 +12,14 @@ before(async () => {
   // (400: a definitive failure) and holds "hang..." ones until released.
   env = await stack({
     tunables: { max_attempts: 1 },
-    behave: (entry) => (entry.text.startsWith("reject") ? 400 : entry.text.startsWith("hang") ? "hang" : "ok"),
+    behave: (entry) =>
+      entry.text.startsWith("reject")
+        ? 400
+        : entry.text.startsWith("hang")
+          ? "hang"
+          : entry.text.startsWith("turn")
+            ? { turn: `t/${entry.id}` }
+            : "ok",
   });
   client = new OutboxClient({ baseUrl: env.serve.url, token: TOKEN, backoff: FAST });
 });
@@ -100,6 +107,25 @@ test("ticket(): a stream ticket for the token's workspace; 403 for another", { t
   assert.equal(t.expiresIn, 60);
   const err = await refusal(client.ticket("elsewhere"));
   assert.equal(err.status, 403);
+});
+
+test("turn: the session's turn while it is held in one, null once it ended or with none", { timeout: 30_000 }, async () => {
+  const ses = "s-turn";
+  assert.equal(await client.turn(WS, ses), null, "no turn yet");
+  const sent = await client.send(WS, ses, "turn: a long one");
+  const held = await until(() => client.turn(WS, ses), "the turn to be held");
+  assert.equal(held.turn, `t/${sent.id}`); // a '/' in the ID: the route's answer, as it came
+  assert.equal(held.entry, sent.id);
+  assert.ok(held.seconds >= 0 && held.seconds < 60, String(held.seconds));
+  assert.equal(held.why, "");
+  const other = new OutboxClient({ baseUrl: env.serve.url, token: OTHER_TOKEN, backoff: FAST });
+  assert.equal((await refusal(other.turn(WS, ses))).status, 403, "a refusal is no 'no turn'");
+  const end = await fetch(env.serve.url + turnEndPath(WS, ses, held.turn), {
+    method: "POST",
+    headers: { Authorization: `Bearer ${TOKEN}` },
+  });
+  assert.equal(end.status, 200, await end.text());
+  assert.equal(await client.turn(WS, ses), null, "ended");
 });
 
 test("no answer at all is an OutboxError too (status 0, network_error)", { timeout: 30_000 }, async () => {

@@ -10,7 +10,8 @@
  * the `turn` update until the `turn_ended` one, which leaves "last turn ... ended after ..."
  * until the next turn begins. After a (re)load the reset carries no turn, only the pending
  * entries' `inTurnFor`: the line comes back from those (its ID is not known until the turn
- * ends); a session in turn with an empty queue cannot be told from the reset at all.
+ * ends). A reset with no pending entry cannot tell, so the page asks the turn route once
+ * (`client.turn`: the turn with its ID and age, or none).
  *
  * @module
  */
@@ -21,6 +22,8 @@ import { age, duration, nsToSeconds, until } from "../format.js";
 import { act, ask, errorsToolbar, explain, pill } from "../widgets.js";
 
 const PREVIEW = 120;
+/** How long the page waits for the turn route's answer after a reset (then it stays unknown). */
+const TURN_ASK_MS = 10_000;
 
 /** Why a turn ended, for a person (`turn_ended`'s `why`; an unknown word shows as it came). */
 const TURN_ENDS = new Map([
@@ -195,6 +198,8 @@ class SessionView implements View {
   private readonly watch: WatchHandle;
   private readonly clock: ReturnType<typeof setInterval>;
   private resets = 0;
+  /** The turn route asked after a reset; a newer reset, a turn update or `stop` supersedes it. */
+  private asking: AbortController | null = null;
 
   constructor(
     readonly ctx: Ctx,
@@ -221,7 +226,9 @@ class SessionView implements View {
         this.list.dataset["eventId"] = eventId;
         this.entries = [...entries];
         const told = turnFromEntries(entries, Date.now());
+        this.supersedeAsk();
         if (told !== undefined) this.current = told;
+        else this.askTurn();
         this.render();
       },
       onUpdate: (update) => {
@@ -249,6 +256,7 @@ class SessionView implements View {
   stop(): void {
     this.watch.close();
     clearInterval(this.clock);
+    this.supersedeAsk();
   }
 
   /** The session's turn, while the agent works on a delivered prompt; null otherwise. */
@@ -261,6 +269,36 @@ class SessionView implements View {
     const staged = this.entries.find((e) => e.status === "delivering");
     if (staged === undefined) return null;
     return staged.lastAttemptAt ? Date.parse(staged.lastAttemptAt) : Date.now();
+  }
+
+  /**
+   * After a reset with no pending entry: is the session in turn? One request (GET
+   * `.../turn`), cut after TURN_ASK_MS; its answer is dropped once superseded (the stream's
+   * news is newer). A failure leaves what the page knew: the stream still brings the end.
+   */
+  private askTurn(): void {
+    const ask = new AbortController();
+    this.asking = ask;
+    const timer = setTimeout(() => ask.abort(), TURN_ASK_MS);
+    void this.ctx.client
+      .turn(this.ws, this.ses, { signal: ask.signal })
+      .then((found) => {
+        if (this.asking !== ask) return;
+        const now = Date.now();
+        const lasted = found !== null && Number.isFinite(found.seconds) ? Math.max(0, found.seconds) : 0;
+        this.current = found === null ? null : { id: found.turn, since: now - lasted * 1000, why: found.why };
+        this.tick(now);
+      })
+      .catch(() => undefined) // not known: the line stays as it was
+      .finally(() => {
+        clearTimeout(timer);
+        if (this.asking === ask) this.asking = null;
+      });
+  }
+
+  private supersedeAsk(): void {
+    this.asking?.abort();
+    this.asking = null;
   }
 
   private setLive(state: string, label: string): void {
@@ -277,6 +315,7 @@ class SessionView implements View {
       // Since this page heard of it: the event carries no start, and a clock of another
       // machine would be worse than the few seconds a reconnect can add.
       if (turn === undefined) return;
+      this.supersedeAsk();
       this.current = kind === "turn" ? { id: turn.id, since: Date.now(), why: "" } : null;
       this.lastTurn = kind === "turn" ? null : turn;
       return;

@@ -831,6 +831,21 @@ var OutboxClient = class {
     const path = sessionPath(ws, ses, `/prompts/${encodeURIComponent(id)}`);
     return this.transport.json("PATCH", path, { body: changes, signal: options.signal });
   }
+  /**
+   * The session's turn while it is held in one (the agent works on a delivered prompt, and
+   * the next entry waits for the turn to end); `null` when it is not (404 `no_turn`). The
+   * event stream says when a turn begins and ends; this reads it at any moment, e.g. after a
+   * reload whose queue is empty.
+   */
+  async turn(ws, ses, options = {}) {
+    try {
+      const path = sessionPath(ws, ses, "/turn");
+      return await this.transport.json("GET", path, { signal: options.signal });
+    } catch (err) {
+      if (err instanceof OutboxError && err.status === 404 && err.code === "no_turn") return null;
+      throw err;
+    }
+  }
   /** Who the token speaks for: its user, whether it is an admin token, its workspaces. */
   async me(options = {}) {
     return this.transport.json("GET", "/v1/me", { signal: options.signal });
@@ -1153,6 +1168,7 @@ function showError(parent, err) {
 
 // src/views/session.ts
 var PREVIEW = 120;
+var TURN_ASK_MS = 1e4;
 var TURN_ENDS = /* @__PURE__ */ new Map([
   ["ended", "the agent said it ended"],
   ["ceiling", "still running at the turn ceiling: aborted and let go"],
@@ -1313,7 +1329,9 @@ var SessionView = class {
         this.list.dataset["eventId"] = eventId;
         this.entries = [...entries];
         const told = turnFromEntries(entries, Date.now());
+        this.supersedeAsk();
         if (told !== void 0) this.current = told;
+        else this.askTurn();
         this.render();
       },
       onUpdate: (update) => {
@@ -1353,9 +1371,12 @@ var SessionView = class {
   watch;
   clock;
   resets = 0;
+  /** The turn route asked after a reset; a newer reset, a turn update or `stop` supersedes it. */
+  asking = null;
   stop() {
     this.watch.close();
     clearInterval(this.clock);
+    this.supersedeAsk();
   }
   /** The session's turn, while the agent works on a delivered prompt; null otherwise. */
   turn() {
@@ -1366,6 +1387,30 @@ var SessionView = class {
     const staged = this.entries.find((e) => e.status === "delivering");
     if (staged === void 0) return null;
     return staged.lastAttemptAt ? Date.parse(staged.lastAttemptAt) : Date.now();
+  }
+  /**
+   * After a reset with no pending entry: is the session in turn? One request (GET
+   * `.../turn`), cut after TURN_ASK_MS; its answer is dropped once superseded (the stream's
+   * news is newer). A failure leaves what the page knew: the stream still brings the end.
+   */
+  askTurn() {
+    const ask2 = new AbortController();
+    this.asking = ask2;
+    const timer = setTimeout(() => ask2.abort(), TURN_ASK_MS);
+    void this.ctx.client.turn(this.ws, this.ses, { signal: ask2.signal }).then((found) => {
+      if (this.asking !== ask2) return;
+      const now = Date.now();
+      const lasted = found !== null && Number.isFinite(found.seconds) ? Math.max(0, found.seconds) : 0;
+      this.current = found === null ? null : { id: found.turn, since: now - lasted * 1e3, why: found.why };
+      this.tick(now);
+    }).catch(() => void 0).finally(() => {
+      clearTimeout(timer);
+      if (this.asking === ask2) this.asking = null;
+    });
+  }
+  supersedeAsk() {
+    this.asking?.abort();
+    this.asking = null;
   }
   setLive(state, label) {
     this.live.dataset["state"] = state;
@@ -1378,6 +1423,7 @@ var SessionView = class {
   apply({ kind, id, entry, turn }) {
     if (kind === "turn" || kind === "turn_ended") {
       if (turn === void 0) return;
+      this.supersedeAsk();
       this.current = kind === "turn" ? { id: turn.id, since: Date.now(), why: "" } : null;
       this.lastTurn = kind === "turn" ? null : turn;
       return;
