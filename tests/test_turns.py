@@ -273,3 +273,20 @@ async def test_an_owner_whose_agent_cannot_answer_says_why_where_the_next_entry_
 async def _waiting_without_why(outbox: Outbox) -> bool:
     listed = await outbox.list(WS, SES)
     return bool(listed) and not listed[0].turn_why and listed[0].in_turn_for > 0
+
+
+async def test_a_release_whose_worker_died_is_taken_again(client: Client) -> None:
+    gone = Outbox(client, TURNS)
+    gone._engine.turns.owner = "w-gone"
+    await gone.accept(WS, SES, "u", "c1", "A")
+    await gone.accept(WS, SES, "u", "c2", "B")
+    assert await gone.deliver_once(WS, SES, WatchingAgent())
+    await client.zadd(OWNERS, {"w-gone": 1})
+    # A worker took the release for a lease, then died before it released anything.
+    assert await gone._store.turns.claim_dead("w-gone", 2, 1000)
+    assert not await gone._store.turns.claim_dead("w-gone", 3, 1000)  # taken: not twice
+    # Its lease lapses (the score is long past): the next worker takes it again.
+    second = WatchingAgent()
+    async with Outbox(client, TURNS).running(second):
+        await eventually(lambda: holds(second.delivered == ["B"]))
+    assert await client.zscore(OWNERS, "w-gone") is None

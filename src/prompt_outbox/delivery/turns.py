@@ -14,9 +14,9 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..core import machine, turns
 from ..core.callbacks import Aborter, Deliverer, TurnEnd, TurnEnded, TurnState, TurnWatcher
@@ -190,27 +190,54 @@ class Turns:
             with contextlib.suppress(*TRANSIENT_ERRORS):
                 await self.release(owner, where)
                 if not self.unsure:
-                    await self.store.turns.claim_dead(owner)
+                    await self.store.turns.forget_owner(owner)
 
     async def _keep(self, deliverer: Deliverer) -> None:
+        """The heartbeat, every third of a lease; beside it (never holding it up, or the
+        heartbeat would lapse), the asks about our turns and the releases of lapsed owners'."""
         t = self.tunables
-        beat = t.lease_ttl / 3
+        lease = round(t.lease_ttl * 1000)
+        side: dict[str, asyncio.Task[None]] = {}
         asked = time.monotonic()
-        while True:
-            try:
-                now = self.now_ms()
-                dead = await self.store.turns.beat(self.owner, now + round(t.lease_ttl * 1000), now)
-                for owner in dead:
-                    if owner != self.owner and await self.store.turns.claim_dead(owner):
-                        await self.release(owner)
-                if time.monotonic() - asked >= t.turn_check_interval:
-                    asked = time.monotonic()
-                    await self._ask_owned(deliverer)
-            except TRANSIENT_ERRORS as exc:
-                log.warning("turn keeping interrupted: %s", exc)
-            except Exception:
-                log.exception("turn keeping pass failed")
-            await asyncio.sleep(beat)
+        try:
+            while True:
+                try:
+                    now = self.now_ms()
+                    for owner in await self.store.turns.beat(self.owner, now + lease, now):
+                        name = f"release {owner}"
+                        if owner == self.owner or name in side:
+                            continue
+                        if await self.store.turns.claim_dead(owner, now, lease):
+                            self._beside(side, name, self._release_lapsed(owner))
+                    if time.monotonic() - asked >= t.turn_check_interval and "ask" not in side:
+                        asked = time.monotonic()
+                        self._beside(side, "ask", self._ask_owned(deliverer))
+                except TRANSIENT_ERRORS as exc:
+                    log.warning("turn keeping interrupted: %s", exc)
+                except Exception:
+                    log.exception("turn keeping pass failed")
+                await asyncio.sleep(t.lease_ttl / 3)
+        finally:
+            for task in side.values():
+                task.cancel()
+
+    @staticmethod
+    def _beside(
+        side: dict[str, asyncio.Task[None]], name: str, work: Coroutine[Any, Any, None]
+    ) -> None:
+        task = asyncio.ensure_future(work)
+        side[name] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            side.pop(name, None)
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("turn %s failed: %r", name, task.exception())
+
+        task.add_done_callback(done)
+
+    async def _release_lapsed(self, owner: str) -> None:
+        await self.release(owner)
+        await self.store.turns.forget_owner(owner)
 
     async def _ask_owned(self, deliverer: Deliverer) -> None:
         """Ask the agent about every turn this worker owns; end those it says ended."""

@@ -31,6 +31,7 @@ NAMES = (
     "take_notices",
     "turn_end",
     "turn_check",
+    "owner_claim",
 )
 
 MARKED = ("accept", "replace", "seed")

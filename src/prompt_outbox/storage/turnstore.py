@@ -9,7 +9,7 @@ from typing import Any
 from ..core.keys import OWNERS, SessionKeys, WorkspaceKeys
 from .client import Client
 from .dueindex import DueIndex
-from .replies import TurnWrite, lowered_ms, parse, text
+from .replies import Lock, TurnWrite, lowered_ms, parse, text
 
 Run = Callable[[str, Sequence[str], Sequence[Any]], Awaitable[Any]]
 
@@ -59,7 +59,12 @@ class TurnStore:
         await self.client.zadd(OWNERS, {owner: lapses_ms})
         return [text(o) for o in await self.client.zrangebyscore(OWNERS, "-inf", now_ms)]
 
-    async def claim_dead(self, owner: str) -> bool:
-        """Take a lapsed (or stopping) owner off ``OWNERS``: True for the one caller that
-        did, who then releases its turns."""
-        return bool(await self.client.zrem(OWNERS, owner))
+    async def claim_dead(self, owner: str, now_ms: int, lease_ms: int) -> bool:
+        """Take the release of a lapsed owner's turns for ``lease_ms`` (owner_claim.lua): True
+        for the one caller that did, who releases them, then calls ``forget_owner``."""
+        reply = await self._run("owner_claim", [OWNERS], [owner, now_ms, lease_ms])
+        return parse(Lock, reply)[0] is Lock.OK
+
+    async def forget_owner(self, owner: str) -> None:
+        """Take an owner off ``OWNERS``: its turns are released (or it stopped owning none)."""
+        await self.client.zrem(OWNERS, owner)
