@@ -1,8 +1,10 @@
 """A chaos run's history and the checker that judges it (Jepsen style: record, then check).
 
 The history holds every acknowledged accept (per session, in accept order), what the agent
-recorded (its truthful transcript), every OnDelivered the workers wrote, and what the outbox
-still lists at the end. ``check`` turns it into counts; a run passes when the bad ones are 0.
+recorded (its truthful transcript; an agent that works in turns also counts the prompts that
+reached it while the session's previous turn ran), every OnDelivered the workers wrote, and
+what the outbox still lists at the end. ``check`` turns it into counts; a run passes when the
+bad ones are 0.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class History:
     sends: int = 0  # deliverer calls, every worker together
     final: dict[str, list[Entry]] = field(default_factory=dict)  # session -> List at the end
     faults: Counter[str] = field(default_factory=Counter)  # what was injected, by kind
+    # Prompts that reached the agent while a turn of their session ran (DESIGN.md §8); None
+    # where the agent has no turns to count in (it answers each prompt when it is done).
+    sent_in_turn: int | None = None
 
 
 @dataclass(frozen=True)
@@ -39,16 +44,17 @@ class Verdict:
     hook_duplicates_unexplained: int  # ...without a killed worker behind every extra call
     hook_missing: int  # delivered and gone, but no OnDelivered was seen
     order_violations: int
+    sent_in_turn: int | None  # None: the agent has no turns (shown "-")
 
     @property
     def ok(self) -> bool:
-        """Nothing lost, stuck, run twice by the agent or reordered; every delivered entry's
-        OnDelivered made. A second OnDelivered is by design only when the worker that made
-        the first was killed before clearing its record: every extra call must be explained
-        by a call from a worker that was then SIGKILLed."""
+        """Nothing lost, stuck, run twice by the agent, reordered or sent into a running turn;
+        every delivered entry's OnDelivered made. A second OnDelivered is by design only when
+        the worker that made the first was killed before clearing its record: every extra call
+        must be explained by a call from a worker that was then SIGKILLed."""
         return not (
             self.lost or self.stuck or self.agent_duplicates or self.hook_missing
-            or self.order_violations or self.hook_duplicates_unexplained
+            or self.order_violations or self.hook_duplicates_unexplained or self.sent_in_turn
         )  # fmt: skip
 
 
@@ -85,4 +91,5 @@ def check(h: History) -> Verdict:
         hook_duplicates_unexplained=sum(1 for i in ids if h.hooks[i] - 1 > h.hooks_by_killed[i]),
         hook_missing=sum(1 for i in gone if h.hooks[i] == 0) if h.hooks_recorded else 0,
         order_violations=order,
+        sent_in_turn=h.sent_in_turn,
     )

@@ -34,7 +34,11 @@ def render() -> str:
         return ""
     names = list(asdict(ROWS[0][2]))
     headers = ["scenario", "faults injected", *names]
-    body = [[s, f, *(str(v) for v in asdict(verdict).values())] for s, f, verdict in ROWS]
+    # None: a column the scenario does not measure (sent_in_turn, for an agent without turns).
+    body = [
+        [s, f, *("-" if v is None else str(v) for v in asdict(verdict).values())]
+        for s, f, verdict in ROWS
+    ]
     widths = [max(len(r[i]) for r in [headers, *body]) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in body]
     head = "  ".join(c.ljust(w) for c, w in zip(headers, widths, strict=True))

@@ -38,3 +38,9 @@ CHAOS_FAULTS = {
     "busy_429": 0.07,
     "reject_400": 0.05,
 }
+
+# The worker-kill scenario with turns (tests/chaos/turn_agent.py): a turn nobody told the
+# outbox the end of is checked with the agent every 0.3 s (production: a minute).
+TURN_TUNABLES = replace(CHAOS_TUNABLES, turn_check_interval=0.3)
+TURN_SECONDS = (0.05, 0.5)  # each turn's length, drawn
+TURN_BY_CHECK_ONLY = 0.3  # the share of turns whose end the agent tells no one

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from datetime import UTC, datetime
 
-from prompt_outbox import Entry, Status
+import pytest
+
+from prompt_outbox import Entry, Status, Turn, TurnState
+from prompt_outbox.deliver import WebhookDeliverer
+from tests.chaos import report
 from tests.chaos.history import History, check
+from tests.chaos.turn_agent import TurnAgent
+from tests.conftest import eventually, holds
 
 
 def entry(entry_id: str, status: Status) -> Entry:
@@ -78,3 +85,50 @@ def test_a_second_hook_is_explained_only_by_a_killed_worker() -> None:
     assert check(h).ok and check(h).hook_duplicates == 1
     h.hooks["a"] = 3  # made three times, one extra call unexplained
     assert not check(h).ok
+
+
+def test_a_prompt_sent_into_a_running_turn_is_caught() -> None:
+    h = good()
+    h.sent_in_turn = 1  # the agent stand-in counted a prompt that came during a turn
+    v = check(h)
+    assert v.sent_in_turn == 1 and not v.ok
+    h.sent_in_turn = 0
+    assert check(h).ok and check(h).sent_in_turn == 0
+
+
+def test_an_agent_without_turns_shows_no_count_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    v = check(good())  # a blocking agent: nothing to count, shown "-" rather than a vacuous 0
+    assert v.ok and v.sent_in_turn is None
+    monkeypatch.setattr(report, "ROWS", [])  # not the session's summary
+    report.add("blocking", "none", v)
+    head, _, row = report.render().splitlines()
+    assert head.split()[-1] == "sent_in_turn" and row.split()[-2:] == ["0", "-"]
+
+
+async def test_the_turn_agent_counts_a_prompt_that_comes_during_a_turn() -> None:
+    """The stand-in behind the column (turn_agent.py), driven by the real webhook deliverer:
+    a prompt into a session whose turn runs counts; one into another session, or after the
+    turn is over, does not; ``?turn=`` tells running from ended, by turn or entry ID."""
+    ok = {"ok": 1.0}
+    with_turns = TurnAgent(1, secret=b"s", faults=ok, turn_seconds=(0.3, 0.3), by_check_only=1)
+    hook = WebhookDeliverer(with_turns.url, secret=b"s", verify_url=with_turns.verify_url)
+    try:
+        sent = [Entry(f"e{n}", f"c{n}", "u", "t", datetime.now(UTC)) for n in range(4)]
+        first = await hook("ws", "s1", sent[0])
+        assert isinstance(first, Turn)
+        assert await hook.turn_state("ws", "s1", first.id) is TurnState.RUNNING
+        assert await hook("ws", "s2", sent[1]) is not None  # another session: its own turn
+        assert with_turns.sent_in_turn == 0
+        await hook("ws", "s1", sent[2])  # s1's turn still runs
+        assert with_turns.sent_in_turn == 1
+        await eventually(lambda: holds(with_turns.running() == 0))
+        assert await hook.turn_state("ws", "s1", first.id) is TurnState.ENDED
+        assert await hook.turn_state("ws", "s1", "e0") is TurnState.ENDED  # by its entry
+        assert await hook.turn_state("ws", "s1", "never") is TurnState.UNKNOWN
+        await hook("ws", "s1", sent[3])
+        assert with_turns.sent_in_turn == 1 and with_turns.turns["check_only"] == 3
+        assert with_turns.order == {"s1": ["e0", "e2", "e3"], "s2": ["e1"]}
+    finally:
+        await hook.aclose()
+        with_turns.close()
+        await asyncio.sleep(0)  # the cancelled turns finish
