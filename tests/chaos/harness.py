@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import valkey.asyncio as valkey_async
@@ -23,6 +24,7 @@ from prompt_outbox.core.keys import workspace_keys
 from prompt_outbox.storage.store import TRANSIENT_ERRORS
 from tests.chaos.history import History
 from tests.chaos.settings import AGENT_STALL, CHAOS_FAULTS
+from tests.chaos.turn_agent import TurnAgent
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKSPACES = 8
@@ -78,11 +80,16 @@ class Workers:
                 p.wait()
 
 
-def library_worker(url: str, agent: FlakyAgent, log_dir: Path) -> Callable[[], list[str]]:
+def library_worker(
+    url: str, agent: FlakyAgent | TurnAgent, log_dir: Path
+) -> Callable[[], list[str]]:
+    """worker_proc.py's command line; in turns mode when the agent works in turns."""
+    turns = ["turns"] if isinstance(agent, TurnAgent) else []
+
     def argv() -> list[str]:
         return [
             sys.executable, "-m", "tests.chaos.worker_proc",
-            url, agent.url, agent.verify_url, str(log_dir),
+            url, agent.url, agent.verify_url, str(log_dir), *turns,
         ]  # fmt: skip
 
     return argv
@@ -187,14 +194,19 @@ def read_worker_logs(log_dir: Path, history: History, killed: set[int] | None = 
     history.sends = sum(len(p.read_text().split()) for p in log_dir.glob("calls.*"))
 
 
-def take_agent_history(agent: FlakyAgent, history: History) -> None:
+def take_agent_history(agent: FlakyAgent | TurnAgent, history: History) -> None:
     history.agent_seen = Counter(agent.seen)
     history.agent_order = {s: list(ids) for s, ids in agent.order.items()}
     history.faults.update(agent.faults)
+    if isinstance(agent, TurnAgent):
+        history.sent_in_turn = agent.sent_in_turn
+
+
+A = TypeVar("A", FlakyAgent, TurnAgent)
 
 
 @contextlib.contextmanager
-def closing(agent: FlakyAgent) -> Iterator[FlakyAgent]:
+def closing(agent: A) -> Iterator[A]:
     try:
         yield agent
     finally:
