@@ -163,7 +163,8 @@ async def test_who_may_end_a_turn(outbox: Outbox) -> None:
         assert refusal(await http.post(path, headers=BOB)) == (403, "forbidden")
         r = await http.post(path, headers=signed("t"))
         assert refusal(r) == (401, "unauthorized") and "webhook secret" in r.json()["detail"]
-        assert refusal(await http.post(path, headers=ALICE)) == (404, "turn_not_found")
+        unheld = turn_end_path(WS, SES, "u")  # (an end of "t" now would be kept for its claim)
+        assert refusal(await http.post(unheld, headers=ALICE)) == (404, "turn_not_found")
         await hold_turn(outbox, "t")
         assert (await http.post(path, headers=ALICE)).status_code == 200
 

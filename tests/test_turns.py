@@ -290,3 +290,30 @@ async def test_a_release_whose_worker_died_is_taken_again(client: Client) -> Non
     async with Outbox(client, TURNS).running(second):
         await eventually(lambda: holds(second.delivered == ["B"]))
     assert await client.zscore(OWNERS, "w-gone") is None
+
+
+async def test_an_end_that_outruns_its_claim_is_kept_for_it(client: Client) -> None:
+    # The agent's end can come before the claim that holds its turn (a receiver that ends at
+    # once): the claim then holds none, and the next prompt goes without waiting for a check.
+    slow = dataclasses.replace(TURNS, turn_check_interval=600.0)
+    outbox = Outbox(client, slow)
+    sent: list[str] = []
+
+    async def agent(ws: str, ses: str, entry: Entry) -> Turn:
+        sent.append(entry.text)
+        if entry.text == "A":  # its end is reported before this send returns
+            assert await outbox.end_turn(ws, ses, "turn-A") == TurnEnd(False)
+        return Turn(f"turn-{entry.text}")
+
+    events: list[QueueEvent] = []
+    watching = asyncio.create_task(_collect(outbox, events))
+    await asyncio.sleep(0.2)
+    async with outbox.running(agent):
+        await outbox.accept(WS, SES, "u", "c1", "A")
+        await outbox.accept(WS, SES, "u", "c2", "B")
+        await eventually(lambda: holds(sent == ["A", "B"]))
+        assert (await outbox.turn(WS, SES)) is not None  # B's turn is held, A's never was
+        await eventually(lambda: holds(any(e.kind == "turn_ended" for e in events)))
+    watching.cancel()
+    [ended] = [e for e in events if e.kind == "turn_ended"]
+    assert ended.turn is not None and (ended.turn.turn, ended.turn.seconds) == ("turn-A", 0.0)

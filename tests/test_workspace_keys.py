@@ -107,6 +107,7 @@ async def every_transition(
                 break
     finally:
         outbox._engine.turns.owner = ""
+    await outbox.end_turn(ws, ses, "not-held-yet")  # an early end, kept for its claim
     await look()
     return seen
 

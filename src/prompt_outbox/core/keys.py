@@ -50,6 +50,7 @@ WORKSPACE_KEY_PREFIXES: tuple[str, ...] = (
     "outboxoldest:",
     "outboxlogbytes:",
     "outboxturns:",
+    "outboxturnend:",
 )
 """The prefix of every key that belongs to one workspace: each is ``<prefix>{<ws>}``, alone
 or followed by ``:`` and the rest. Cleanup deletes exactly the keys under these
@@ -255,6 +256,12 @@ class SessionKeys:
         """STRING beside the dedupe marker, same TTL: the first accept's payload fingerprint
         (a key reused for another text or model is refused, not taken for a duplicate)."""
         return f"outboxdedupefp:{{{self.ws}}}:{{{self.ses}}}:{client_message_id}"
+
+    @property
+    def early_end(self) -> str:
+        """STRING, a minute: the turn ID an end named before any turn of it was held (the
+        agent's end can outrun the claim that holds its turn): the claim then holds none."""
+        return f"outboxturnend:{{{self.ws}}}:{{{self.ses}}}"
 
     def claim(self, entry_id: str) -> str:
         """Who claimed this entry (complete.lua): lets a claimer whose reply was lost know."""

@@ -29,7 +29,7 @@ from ..storage.store import TRANSIENT_ERRORS, Store, notice_member
 from .forgets import Forgets
 from .lease import Kept, new_lock_value
 from .tasks import never
-from .turns import Turns
+from .turns import TurnClaim, Turns
 
 log = logging.getLogger("prompt_outbox")
 T = TypeVar("T")
@@ -54,6 +54,7 @@ class Hold:
     want_next: bool = False  # the drain will take another step after this one
     next: Acquired | None = None
     ran: str = ""
+    ended_early: bool = False  # the last claim's turn had ended already: none is held
 
 
 @dataclass(slots=True)
@@ -203,26 +204,14 @@ class Engine:
         self, k: SessionKeys, hold: Hold, entry: Entry, via: str, raw: str, turn: object
     ) -> Step:
         """Claim an entry the agent has; with a turn (a ``Turn`` the deliverer returned, or
-        a verified send of a deliverer that watches turns), the lock goes to the turn."""
-        if isinstance(turn, Turn):
-            held = self.turns.hold(turn.id, entry.id, check_now=via == "verify")
-        elif turn is not None:
-            log.warning(
-                "the deliverer returned %r, not a Turn or None: no turn held",
-                type(turn).__name__,
-                extra={"ws": k.ws, "ses": k.ses, "entry": entry.id},
-            )
-            held = None
-        else:
-            held = None
+        a verified send of a deliverer that watches turns), the lock goes to the turn, unless
+        its end came first (then the drain goes on)."""
+        held = self.turns.claim_of(k, turn, entry.id, verified=via == "verify")
         claimed = await self.claim(k, hold.lockval, entry, via, hold, raw=raw, turn=held)
-        if held is not None and not claimed:
-            self.turns.unsure = True  # it may have landed, its reply lost
-        if claimed and held is not None:
-            self.turns.began(k, held[0])
-            if via == "verify":
-                await self.store.due.mark(k.ws, self.now_ms())  # its check is due now
-        return Step.TURN if held is not None else Step.ACTED
+        if held is None or (claimed and hold.ended_early):
+            return Step.ACTED
+        await self.turns.claimed(k, held, claimed)
+        return Step.TURN
 
     async def _verify(
         self, k: SessionKeys, hold: Hold, raw: str, entry: Entry, deliverer: Deliverer
@@ -271,7 +260,7 @@ class Engine:
         hold: Hold | None = None,
         *,
         raw: str | None = None,
-        turn: tuple[str, int, str] | None = None,
+        turn: TurnClaim | None = None,
     ) -> bool:
         """Complete the entry; True (and OnDelivered fired) if this call claimed it. With a
         hook wired, the claim also records the OnDelivered call it owes (see ``notify``).
@@ -280,7 +269,7 @@ class Engine:
         ``turn``: the value, expiry and owner of the turn the session is held in from now on."""
         grace_ms = round(self.tunables.hook_retry_after * 1000) if self.wiring.on_delivered else 0
         next_ms = self.lease_ms if hold is not None and hold.want_next and not turn else 0
-        value, turn_ms, owner = turn or ("", 0, "")
+        t = turn or TurnClaim("", "", 0, "")
         if raw is None:
             raw = entry.to_json()
         claimed = await self._bookkeep(
@@ -293,15 +282,16 @@ class Engine:
                 self.now_ms(),
                 grace_ms,
                 next_ms,
-                value,
-                turn_ms,
-                owner,
+                t.value,
+                t.hold_ms,
+                t.owner,
+                t.turn_id,
             ),
         )
         if claimed is None or claimed.claim is not Claim.CLAIMED:
             return False
         if hold is not None:
-            hold.next = claimed.next
+            hold.next, hold.ended_early = claimed.next, claimed.ended_early
         reached(CrashPoint.AFTER_COMPLETE)
         self.metrics.delivered.labels(via=via).inc()
         waited = (self.clock() - entry.accepted_at).total_seconds()

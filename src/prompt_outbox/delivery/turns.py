@@ -19,7 +19,15 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ..core import machine, turns
-from ..core.callbacks import Aborter, Deliverer, TurnEnd, TurnEnded, TurnState, TurnWatcher
+from ..core.callbacks import (
+    Aborter,
+    Deliverer,
+    Turn,
+    TurnEnd,
+    TurnEnded,
+    TurnState,
+    TurnWatcher,
+)
 from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.metrics import Metrics
 from ..core.settings import Tunables
@@ -38,6 +46,17 @@ class Owned:
     turn: str
     since_ms: int
     unsure: bool = False  # the last ask got no answer (and the turn's record says why)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnClaim:
+    """What a claim that begins a turn writes: the lock's value, its ID, the lock's expiry
+    (ms) and its owner ('' none)."""
+
+    value: str
+    turn_id: str
+    hold_ms: int
+    owner: str
 
 
 class Turns:
@@ -64,18 +83,37 @@ class Turns:
 
     # -- a turn begins, is checked, ends ----------------------------------------------------
 
-    def hold(self, turn_id: str, entry_id: str, *, check_now: bool) -> tuple[str, int, str]:
-        """The lock value, expiry (ms) and owner of a turn that begins now."""
+    def claim_of(
+        self, k: SessionKeys, result: object, entry_id: str, *, verified: bool
+    ) -> TurnClaim | None:
+        """The turn a claim begins: the deliverer's ``Turn`` (``result``; None: no turn), or
+        for a verified send of a watcher's deliverer one named by the entry, checked at once."""
+        if result is None:
+            return None
+        if not isinstance(result, Turn):
+            log.warning(
+                "the deliverer returned %r, not a Turn or None: no turn held",
+                type(result).__name__,
+                extra={"ws": k.ws, "ses": k.ses, "entry": entry_id},
+            )
+            return None
         t = self.tunables
         begun = turns.started(
-            turn_id, entry_id, self.now_ms(), t, owner=self.owner, check_now=check_now
+            result.id, entry_id, self.now_ms(), t, owner=self.owner, check_now=verified
         )
-        return begun.encode(), turns.hold_ms(t), begun.owner
+        return TurnClaim(begun.encode(), result.id, turns.hold_ms(t), begun.owner)
 
-    def began(self, k: SessionKeys, value: str) -> None:
-        """A claim handed the session to the turn ``value``: own it if it says so."""
+    async def claimed(self, k: SessionKeys, held: TurnClaim, claimed: bool) -> None:
+        """A claim that began ``held`` came back: own the turn; a claim whose reply was lost
+        may have landed (``unsure``); a turn checked at once is due now."""
+        if not claimed:
+            self.unsure = True
+            return
         self.metrics.turns_started.inc()
-        self._own(k, turns.decode_turn(value))
+        hold = turns.decode_turn(held.value)
+        self._own(k, hold)
+        if hold is not None and hold.check_ms <= self.now_ms():
+            await self.store.due.mark(k.ws, self.now_ms())
 
     def _own(self, k: SessionKeys, hold: turns.TurnHold | None) -> None:
         if hold is not None and hold.owner and hold.owner == self.owner:

@@ -178,6 +178,7 @@ class Claimed:
 
     claim: Claim
     next: Acquired | None = None
+    ended_early: bool = False  # its turn had ended before the claim: none is held
 
 
 class Requeue(enum.Enum):

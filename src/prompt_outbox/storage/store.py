@@ -251,6 +251,7 @@ class Store:
         turn: str = "",
         turn_ms: int = 0,
         owner: str = "",
+        turn_id: str = "",
     ) -> Claimed:
         """The cross-list claim (complete.lua). CLAIMED: this caller fires OnDelivered. With
         ``grace_ms`` > 0 the claim records the OnDelivered call it owes (``entry`` is what
@@ -261,9 +262,12 @@ class Store:
         by ``owner`` if not ''."""
         w = k.workspace
         keys = [*k.script_keys(), k.claim(entry_id), w.notices, w.notices_due, w.turns]
+        keys.append(k.early_end)
         args = [k.ses, entry_id, lockval, now_ms, _CLAIM_MARKER_TTL_MS, entry, grace_ms]
-        args += [next_lease_ms, turn, turn_ms, owner]
+        args += [next_lease_ms, turn, turn_ms, owner, turn_id]
         claim, rest = parse(Claim, await self._run("complete", keys, args))
+        if claim is Claim.CLAIMED and rest and text(rest[0]) == "ended":
+            return Claimed(claim, ended_early=True)
         if claim is Claim.CLAIMED and rest:
             return Claimed(claim, await self._acquired(k, rest))
         return Claimed(claim)

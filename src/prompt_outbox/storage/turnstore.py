@@ -11,6 +11,11 @@ from .client import Client
 from .dueindex import DueIndex
 from .replies import Lock, TurnWrite, lowered_ms, parse, text
 
+EARLY_END_MS = 60_000
+"""How long an end that named a turn not held yet is kept for the claim that holds it: the
+agent's end can outrun that claim (a webhook receiver that ends at once, a short opencode
+turn). Past it the end is forgotten, and the turn is learned from a check."""
+
 Run = Callable[[str, Sequence[str], Sequence[Any]], Awaitable[Any]]
 
 
@@ -25,8 +30,8 @@ class TurnStore:
     async def end_turn(self, k: SessionKeys, turn_id: str, now_ms: int, why: str) -> int | None:
         """End the session's turn of that ID (turn_end.lua): when it began (ms), or None if
         the session holds no such turn. Marks the due index if that made work due sooner."""
-        args = [k.ses, turn_id, now_ms, why]
-        keys = [*k.script_keys(), k.workspace.turns]
+        args = [k.ses, turn_id, now_ms, why, EARLY_END_MS]
+        keys = [*k.script_keys(), k.workspace.turns, k.early_end]
         word, rest = parse(TurnWrite, await self._run("turn_end", keys, args))
         if word is TurnWrite.GONE:
             return None

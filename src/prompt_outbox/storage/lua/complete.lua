@@ -19,6 +19,7 @@
     KEYS[12]   owed OnDelivered calls (HASH)
     KEYS[13]   their due times (ZSET)
     KEYS[14]   the workspace's turns by owner (HASH session -> owner)
+    KEYS[15]   the session's early end (STRING: a turn ID ended before it was held)
     ARGV[1]    session ID
     ARGV[2]    entry ID
     ARGV[3]    lock value
@@ -33,6 +34,8 @@
     ARGV[10]   the turn's hold, ms: the lock's expiry while in turn
     ARGV[11]   the turn's owner ('' none): recorded in KEYS[14], where a worker that finds
                the owner dead looks for the turns to release
+    ARGV[12]   the turn's ID: when KEYS[15] names it, the turn ended before this claim (its
+               end outran it), and none is held
 
   Output:
     {'ok'}     this caller claimed it (now, or in an earlier call whose reply was lost)
@@ -42,9 +45,12 @@
                fetches the next job, saves the worker an acquire per entry
     {'busy'}   another holder owns the session; nothing written
     {'lost'}   nobody holds the session (the caller's lease lapsed); nothing written
+    {'ok', 'ended'} claimed, with a turn that had ended already (KEYS[15]): the caller
+               still holds the lock, and goes on as after a claim without a turn
     {'gone'}   no copy was left and the claim is not this caller's
 
-  Events: sent (only when a copy was removed), then turn (a turn began: its value).
+  Events: sent (only when a copy was removed), then turn (a turn began: its value), and
+  turn_ended at once for a turn that had ended already.
 ]]
 local ses, id, lockval, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local entry, grace, lease = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -76,7 +82,14 @@ if removed > 0 then
   emit(KEYS, 'sent', id, '')
 end
 local claimed = removed > 0 or mine
-if claimed and turn ~= '' then
+local early = false
+if claimed and turn ~= '' and redis.call('GET', KEYS[15]) == ARGV[12] then
+  redis.call('DEL', KEYS[15])
+  early = true
+  emit(KEYS, 'turn', id, turn)
+  local ended = {turn = ARGV[12], entry = id, seconds = 0, why = 'ended'}
+  emit(KEYS, 'turn_ended', id, cjson.encode(ended))
+elseif claimed and turn ~= '' then
   -- The session is now the turn's: held, by no worker, until the turn ends.
   redis.call('SET', KEYS[L], turn, 'PX', ARGV[10])
   if ARGV[11] ~= '' then redis.call('HSET', KEYS[14], ses, ARGV[11]) end
@@ -98,6 +111,7 @@ elseif removed > 0 then
   recount(KEYS, ses)
 end
 if not claimed then return {'gone'} end
+if early then return {'ok', 'ended'} end
 if lease > 0 then
   local reply = next_step(KEYS, ses, lockval, lease, now, lockval)
   table.insert(reply, 1, 'ok')

@@ -6,23 +6,29 @@
   Input:
     KEYS[1..10] session keys
     KEYS[11]   the workspace's turns by owner (HASH session -> owner)
+    KEYS[12]   the session's early end (STRING: a turn ID ended before it was held)
     ARGV[1]    session ID
     ARGV[2]    turn ID
     ARGV[3]    now, ms
     ARGV[4]    why it ended: 'ended', 'ceiling', 'unreachable'
+    ARGV[5]    how long an early end is kept, ms (0: keep none, a check's own end)
 
   Output:
     {'ok', since, m}  ended; since: when the turn began (ms); m: as release.lua's (the
                       caller marks the due index if letting go moved the work earlier)
-    {'gone'}          the session holds no turn of that ID (unknown, or over already)
+    {'gone'}          the session holds no turn of that ID (unknown, over already, or
+                      not held yet: kept ARGV[5] ms in KEYS[12], for the claim that holds it)
 
   Events: turn_ended (id: the turn's entry ID; entry: {"turn", "entry", "seconds", "why"}).
 ]]
 local ses, turn, now, why = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local cur = redis.call('GET', KEYS[L])
-if not turn_check_ms(cur) then return {'gone'} end
-local record = decode(string.sub(cur, string.find(cur, ':', 6, true) + 1))
-if not record or record.turn ~= turn then return {'gone'} end
+local record = turn_check_ms(cur) and decode(string.sub(cur, string.find(cur, ':', 6, true) + 1))
+if not record or record.turn ~= turn then
+  -- The agent's end may outrun the claim that holds its turn: that claim holds none.
+  if tonumber(ARGV[5]) > 0 then redis.call('SET', KEYS[12], turn, 'PX', ARGV[5]) end
+  return {'gone'}
+end
 local before = ready_of(KEYS, ses)
 redis.call('DEL', KEYS[L])
 redis.call('HDEL', KEYS[11], ses)
