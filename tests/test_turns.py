@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from dataclasses import replace
 
 import pytest
 
@@ -20,9 +21,12 @@ from prompt_outbox import (
     TurnEnded,
     TurnState,
 )
+from prompt_outbox.core.entry import Status, decode_entry
 from prompt_outbox.core.events import QueueEvent
-from prompt_outbox.core.keys import OWNERS
+from prompt_outbox.core.keys import OWNERS, SessionKeys
+from prompt_outbox.core.turns import TurnHold
 from prompt_outbox.storage.client import Client
+from prompt_outbox.storage.replies import Write
 from tests.conftest import FAST, eventually, holds
 
 pytestmark = pytest.mark.cluster_too
@@ -317,3 +321,24 @@ async def test_an_end_that_outruns_its_claim_is_kept_for_it(client: Client) -> N
     watching.cancel()
     [ended] = [e for e in events if e.kind == "turn_ended"]
     assert ended.turn is not None and (ended.turn.turn, ended.turn.seconds) == ("turn-A", 0.0)
+
+
+async def test_a_retried_claim_keeps_a_turn_that_ended_early_ended(client: Client) -> None:
+    # The claim found the turn's end first (none held), and its reply was lost: the retry
+    # must not hold the turn after all (it would wait for a check, or the ceiling).
+    outbox = Outbox(client, TURNS)
+    store = outbox._store
+    k = SessionKeys(WS, SES)
+    entry = await outbox.accept(WS, SES, "u", "c1", "A")
+    now = 1_800_000_000_000
+    got = await store.acquire(k, "tok:1", 30_000, now)
+    staged = replace(decode_entry(got.entries[0]), status=Status.DELIVERING).to_json()
+    assert await store.stage(k, "tok:1", got.entries[0], staged) is Write.OK
+    assert await outbox.end_turn(WS, SES, "t1") == TurnEnd(False)  # the end outruns the claim
+    value = TurnHold("t1", entry.id, now, now + 1000).encode()
+    for _ in range(2):  # the claim, then its retry
+        claimed = await store.complete(
+            k, staged, entry.id, "tok:1", now, 0, 0, value, 60_000, "", "t1"
+        )
+        assert claimed.ended_early
+        assert await store.turns.lock_value(k) == "tok:1"  # our token, not the turn

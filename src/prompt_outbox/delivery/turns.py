@@ -68,7 +68,7 @@ class Turns:
         tunables: Tunables,
         metrics: Metrics,
         now_ms: Callable[[], int],
-        bookkeep: Callable[[str, Callable[[], Awaitable[bool]]], Awaitable[bool | None]],
+        bookkeep: Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]],
     ) -> None:
         self.store = store
         self.tunables = tunables
@@ -121,11 +121,17 @@ class Turns:
 
     async def end(self, k: SessionKeys, turn_id: str, why: str = turns.ENDED) -> TurnEnd:
         """End the session's turn of that ID, if it still holds it; its next entry is then due."""
+        now = self.now_ms()
+        # Retried through a short outage: an end that never lands leaves the turn to a check
+        # (owned, it is asked about again; and our heartbeat is left to lapse at stop).
+        landed = await self._bookkeep("turn end", lambda: self._end_once(k, turn_id, now, why))
+        if landed is None:
+            self.unsure = True
+            return TurnEnd(False)
         mine = self.owned.get((k.ws, k.ses))
         if mine is not None and mine.turn == turn_id:
             del self.owned[(k.ws, k.ses)]
-        now = self.now_ms()
-        since = await self.store.turns.end_turn(k, turn_id, now, why)
+        since = landed[0]
         if since is None:
             return TurnEnd(False)
         seconds = max(0.0, (now - since) / 1000)
@@ -136,6 +142,11 @@ class Turns:
             extra={"ws": k.ws, "ses": k.ses, "turn": turn_id, "why": why, "seconds": seconds},
         )
         return TurnEnd(True, seconds)
+
+    async def _end_once(
+        self, k: SessionKeys, turn_id: str, now: int, why: str
+    ) -> tuple[int | None]:
+        return (await self.store.turns.end_turn(k, turn_id, now, why),)
 
     async def check(self, k: SessionKeys, value: str, deliverer: Deliverer) -> bool:
         """Ask the agent about a turn whose check came in Valkey (``value``: the lock as

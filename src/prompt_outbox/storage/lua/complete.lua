@@ -83,7 +83,11 @@ if removed > 0 then
 end
 local claimed = removed > 0 or mine
 local early = false
-if claimed and turn ~= '' and redis.call('GET', KEYS[15]) == ARGV[12] then
+if claimed and turn ~= '' and removed == 0 and redis.call('GET', KEYS[L]) == lockval then
+  -- A retry of our own claim (its reply lost) that still holds our token, not the turn:
+  -- the first call found the turn ended early. It stays so (no turn held twice).
+  early = true
+elseif claimed and turn ~= '' and redis.call('GET', KEYS[15]) == ARGV[12] then
   redis.call('DEL', KEYS[15])
   early = true
   emit(KEYS, 'turn', id, turn)
