@@ -90,7 +90,7 @@ tally().pushed(KEYS, ses, n, tonumber(ARGV[11]))
 local readied = index_pushed(KEYS, ses, n, 0)
 if ARGV[8] == 'interrupt' and turn then
   -- In turn: the abort is asked at the turn's next check, which is now (core/turns.py).
-  local record = decode(string.sub(turn, string.find(turn, ':', 6, true) + 1))
+  local record = turn_record(turn)
   if record then
     record.abort = true
     redis.call('SET', KEYS[L], string.format('turn:%d:', 0) .. cjson.encode(record), 'KEEPTTL')

@@ -91,8 +91,7 @@ elseif claimed and turn ~= '' and redis.call('GET', KEYS[15]) == ARGV[12] then
   redis.call('DEL', KEYS[15])
   early = true
   emit(KEYS, 'turn', id, turn)
-  local ended = {turn = ARGV[12], entry = id, seconds = 0, why = 'ended'}
-  emit(KEYS, 'turn_ended', id, cjson.encode(ended))
+  emit_turn_ended(KEYS, id, ARGV[12], 0, 'ended')
 elseif claimed and turn ~= '' then
   -- The session is now the turn's: held, by no worker, until the turn ends.
   redis.call('SET', KEYS[L], turn, 'PX', ARGV[10])

@@ -85,9 +85,21 @@ local function turn_check_ms(v)
   return check and tonumber(check)
 end
 
+-- A turn value's record JSON: what follows its check time.
+local function turn_body(v)
+  return string.sub(v, string.find(v, ':', 6, true) + 1)
+end
+
 -- The turn value v with its check time moved to `check` (ms).
 local function turn_checked(v, check)
-  return string.format('turn:%d:', check) .. string.sub(v, string.find(v, ':', 6, true) + 1)
+  return string.format('turn:%d:', check) .. turn_body(v)
+end
+
+-- The record a turn value holds, decoded; nil for a worker's token (or a record that does
+-- not decode).
+local function turn_record(v)
+  if not turn_check_ms(v) then return nil end
+  return decode(turn_body(v))
 end
 
 -- pending / verifying (and a delivering copy found in the queue) hold back the entries behind.
@@ -248,6 +260,13 @@ local function emit(K, kind, id, raw)
   end
   log_spent(K, size)
   redis.call('SPUBLISH', K[EVENTS], event_id)
+end
+
+-- Log a turn's end (turn_end.lua; a claim whose turn had ended already): the entry it
+-- delivered, the turn's ID, how long it lasted (s) and why it ended.
+local function emit_turn_ended(K, entry, turn, seconds, why)
+  local ended = {turn = turn, entry = entry, seconds = seconds, why = why}
+  emit(K, 'turn_ended', entry, cjson.encode(ended))
 end
 
 -- emit() for an entry whose new state is raw: the kind is its status. Returns the entry

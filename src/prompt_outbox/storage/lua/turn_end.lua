@@ -23,7 +23,7 @@
 ]]
 local ses, turn, now, why = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local cur = redis.call('GET', KEYS[L])
-local record = turn_check_ms(cur) and decode(string.sub(cur, string.find(cur, ':', 6, true) + 1))
+local record = turn_record(cur)
 if not record or record.turn ~= turn then
   -- The agent's end may outrun the claim that holds its turn: that claim holds none.
   if tonumber(ARGV[5]) > 0 then redis.call('SET', KEYS[12], turn, 'PX', ARGV[5]) end
@@ -33,7 +33,6 @@ local before = ready_of(KEYS, ses)
 redis.call('DEL', KEYS[L])
 redis.call('HDEL', KEYS[11], ses)
 local since = tonumber(record.since) or now
-local ended = {turn = turn, entry = record.entry, seconds = math.max(0, now - since) / 1000, why = why}
-emit(KEYS, 'turn_ended', tostring(record.entry), cjson.encode(ended))
+emit_turn_ended(KEYS, tostring(record.entry), turn, math.max(0, now - since) / 1000, why)
 refresh_head(KEYS, ses, now)
 return {'ok', string.format('%d', since), lowered(KEYS, ses, before)}
