@@ -28,7 +28,7 @@ from ..storage.replies import Acquire, Acquired, Claim, Replace, Write
 from ..storage.store import TRANSIENT_ERRORS, Store, notice_member
 from .forgets import Forgets
 from .lease import Kept, new_lock_value
-from .tasks import never
+from .tasks import never, settled
 from .turns import TurnClaim, Turns
 
 log = logging.getLogger("prompt_outbox")
@@ -366,11 +366,7 @@ class Engine:
 
     async def _bounded(self, call: Awaitable[T]) -> tuple[T | None, BaseException | None]:
         """Await a deliverer under delivery_timeout: what it returned, or what it raised."""
-        try:
-            async with asyncio.timeout(self.tunables.delivery_timeout):
-                return await call, None
-        except Exception as exc:
-            return None, exc
+        return await settled(call, self.tunables.delivery_timeout)
 
     async def _bookkeep(self, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
         """Retry a post-send write through a short Valkey outage. None if it never landed:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -26,6 +26,16 @@ class Detached:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+async def settled(call: Awaitable[T], seconds: float) -> tuple[T | None, BaseException | None]:
+    """Await a call to a deliverer or an agent within ``seconds``: what it returned, or what
+    it raised (a timeout among them)."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await call, None
+    except Exception as exc:
+        return None, exc
 
 
 async def join(tasks: Iterable[asyncio.Task[Any]]) -> None:

@@ -32,7 +32,7 @@ from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.metrics import Metrics
 from ..core.settings import Tunables
 from ..storage.store import TRANSIENT_ERRORS, Store
-from .tasks import Detached
+from .tasks import Detached, settled
 
 log = logging.getLogger("prompt_outbox")
 T = TypeVar("T")
@@ -202,11 +202,7 @@ class Turns:
     async def _bounded(self, call: Awaitable[T]) -> tuple[T | None, BaseException | None]:
         """A call to the agent within the check's lease (acquire.lua moved the next check that
         far ahead): its answer, or what it raised."""
-        try:
-            async with asyncio.timeout(self.tunables.lease_ttl):
-                return await call, None
-        except Exception as exc:
-            return None, exc
+        return await settled(call, self.tunables.lease_ttl)
 
     # -- a running worker's ownership --------------------------------------------------------
 
