@@ -154,7 +154,7 @@ class Turns:
         hold = turns.decode_turn(value)
         if hold is None:
             return False
-        state, reason = await self._ask(k, hold, deliverer)
+        state, reason = await self._ask(k, hold.turn, deliverer)
         now = self.now_ms()
         aborter = deliverer if isinstance(deliverer, Aborter) else None
         decision = turns.after_check(
@@ -175,13 +175,13 @@ class Turns:
         return False
 
     async def _ask(
-        self, k: SessionKeys, hold: turns.TurnHold, deliverer: Deliverer
+        self, k: SessionKeys, turn_id: str, deliverer: Deliverer
     ) -> tuple[TurnState, str]:
         """What the agent says of the turn; nobody to ask (not a watcher): running, and the
         ceiling lets it go."""
         if not isinstance(deliverer, TurnWatcher):
             return TurnState.RUNNING, ""
-        answer, failure = await self._bounded(deliverer.turn_state(k.ws, k.ses, hold.turn))
+        answer, failure = await self._bounded(deliverer.turn_state(k.ws, k.ses, turn_id))
         if failure is not None:
             state, reason = TurnState.UNKNOWN, machine.describe(failure)
         elif isinstance(answer, TurnState):
@@ -293,9 +293,7 @@ class Turns:
         async def one(ws: str, ses: str, mine: Owned) -> None:
             async with gate:
                 k = SessionKeys(ws, ses)
-                state, reason = await self._ask(
-                    k, turns.TurnHold(mine.turn, "", mine.since_ms, 0), deliverer
-                )
+                state, reason = await self._ask(k, mine.turn, deliverer)
                 if state is TurnState.ENDED:
                     await self.end(k, mine.turn)
                 elif (state is TurnState.UNKNOWN) != mine.unsure:
