@@ -96,9 +96,10 @@ async def test_the_next_prompt_waits_for_the_turn_to_end(client: Client) -> None
     events: list[QueueEvent] = []
     watching = asyncio.create_task(_collect(api, events))
     await asyncio.sleep(0.2)  # the watch has read its reset
+    # Both accepted before any worker runs, so the log's order below is the only one.
+    await api.accept(WS, SES, "u", "c1", "A")
+    await api.accept(WS, SES, "u", "c2", "B")
     async with worker.running(agent):
-        await api.accept(WS, SES, "u", "c1", "A")
-        await api.accept(WS, SES, "u", "c2", "B")
         await eventually(lambda: holds(agent.delivered == ["A"]))
         await eventually(lambda: holds(True))
         [b] = await eventually(lambda: api.list(WS, SES))
