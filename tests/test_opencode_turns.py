@@ -27,7 +27,7 @@ import valkey.asyncio as valkey_async
 from prompt_outbox import Entry, Outbox
 from prompt_outbox.core.callbacks import Turn, TurnEnd, TurnState, TurnWatcher
 from prompt_outbox.core.errors import TransientDeliveryError
-from prompt_outbox.deliver import OpencodeDeliverer, template_targets
+from prompt_outbox.deliver import OpencodeDeliverer, opencode_events, template_targets
 from prompt_outbox.deliver.answer import MiB
 from prompt_outbox.deliver.opencode import message_id
 from prompt_outbox.deliver.opencode_events import TurnStreams
@@ -415,8 +415,49 @@ async def test_a_turn_not_busy_yet_after_its_send_is_not_ended_by_a_status_read(
         await asyncio.sleep(0.1)  # what that read decides is done in the same loop turn
         assert ends.calls == []
         stand_in.status = {"ses_a": {"type": "busy"}}
+        await stand_in.event("session.status", "ses_a", "busy")
         await stand_in.event("session.idle", "ses_a")
         await eventually(lambda: holds(ends.calls == [(WS, "ses_a", turn.id)]))
+
+
+async def test_a_late_idle_of_the_last_turn_does_not_end_the_next(stand_in: StandIn) -> None:
+    """opencode ends a turn with two idles (``session.status`` idle, then ``session.idle``)
+    and sends one more after an abort. The first ends A and B is sent at once; an idle that
+    comes after B's send, before B went busy, is A's and must not end B, or the prompt after
+    B would go into B's running turn (the old watcher ended every watched turn on any idle).
+    """
+    async with watching(stand_in.url) as (deliverer, ends):
+        a = await deliverer(WS, "ses_a", entry("A"))
+        await eventually(lambda: holds(len(stand_in.streams) == 1))
+        await stand_in.event("session.status", "ses_a", "busy")
+        await stand_in.event("session.status", "ses_a", "idle")
+        await eventually(lambda: holds(ends.calls == [(WS, "ses_a", a.id)]))
+        b = await deliverer(WS, "ses_a", entry("B"))
+        await stand_in.event("session.idle", "ses_a")  # A's second idle, after B's send
+        await asyncio.sleep(0.3)
+        assert ends.calls == [(WS, "ses_a", a.id)]
+        assert await deliverer.turn_state(WS, "ses_a", b.id) is TurnState.RUNNING
+        await stand_in.event("session.status", "ses_a", "busy")
+        await stand_in.event("session.status", "ses_a", "idle")
+        await eventually(lambda: holds(ends.calls[1:] == [(WS, "ses_a", b.id)]))
+
+
+async def test_an_idle_for_a_turn_never_seen_busy_is_checked_by_a_status_read(
+    stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn that ends before the stream saw it busy (it failed at once) is not lost: the
+    idle asks for a status read once the turn is of age, and that read ends it."""
+    monkeypatch.setattr(opencode_events, "SEND_GRACE", 0.3)
+    async with watching(stand_in.url) as (deliverer, ends):
+        stand_in.status = {"ses_w": {"type": "busy"}}
+        await deliverer(WS, "ses_w", entry("keeps the stream open"))
+        await eventually(lambda: holds(len(stand_in.streams) == 1))
+        await asyncio.sleep(0.5)  # the connect's reads are done: only the idle asks again
+        turn = await deliverer(WS, "ses_a", entry("fails at once"))
+        reads = stand_in.status_reads
+        await stand_in.event("session.idle", "ses_a")
+        await eventually(lambda: holds(ends.calls == [(WS, "ses_a", turn.id)]))
+        assert stand_in.status_reads > reads
 
 
 async def test_checks_of_many_turns_share_one_status_read(stand_in: StandIn) -> None:
@@ -490,6 +531,7 @@ async def test_a_hostile_event_stream_is_bounded_and_does_not_kill_the_watcher(
             ):
                 await stand_in.emit(junk)
             assert ends.calls == []
+            await stand_in.event("session.status", "ses_a", "busy")
             await stand_in.event("session.idle", "ses_a")
             await eventually(lambda: holds(ends.calls == [(WS, "ses_a", turn.id)]))
             _, peak = tracemalloc.get_traced_memory()

@@ -4,7 +4,8 @@ One ``GET {base}/event`` connection per opencode server, shared by every session
 it, opened when the first turn there is watched and closed a while after the last one ended
 (``STREAM_LINGER``), or at once by ``close``. opencode reports ``session.status`` (busy /
 idle) and ``session.idle`` for every session of the server; a session that goes idle ends
-every turn of it that we watch, and ``ended(ws, ses, turn)`` is awaited once per turn.
+every turn of it that we watch and saw busy (an idle before that is an earlier turn's), and
+``ended(ws, ses, turn)`` is awaited once per turn.
 
 The stream has no replay, so after every (re)connect the server's ``GET /session/status``
 (busy sessions only) is read before the stream counts as live: a watched turn whose session
@@ -31,6 +32,7 @@ import httpx
 
 from ..core.callbacks import TurnEnded, TurnState
 from .opencode_status import ClientFor, StatusReads
+from .opencode_watches import ServerWatch, Watch
 from .sse_events import EVENT_MAX_BYTES, SSEParser, session_change
 
 log = logging.getLogger("prompt_outbox.opencode")
@@ -48,58 +50,6 @@ EARLY_RETRIES = (0.05, 0.2, 0.5, 1.0, 2.0)
 # stored the message and went busy ~0.6 s after its 204 (1.18.33). A status read ends a turn
 # only once its send answered this long ago; a younger one is read again when it comes of age.
 SEND_GRACE = 5.0
-
-
-class _Watch:
-    """One watched turn: ours (ws, ses, turn) and where it runs (its server, the opencode
-    session). ``sending`` until its send answered; ``early`` if its session went idle while
-    it was being sent; ``seq`` orders it against the status reads (``TurnStreams._settle``);
-    ``sent_at`` the monotonic time its send answered (0: not sent by us, or not yet)."""
-
-    __slots__ = ("early", "sending", "sent_at", "seq", "server", "ses", "session", "turn", "ws")
-
-    def __init__(
-        self, server: _Server, session: str, ws: str, ses: str, turn: str, seq: int
-    ) -> None:
-        self.server = server
-        self.session = session
-        self.ws, self.ses, self.turn = ws, ses, turn
-        self.seq = seq
-        self.sending = False
-        self.early = False
-        self.sent_at = 0.0
-
-
-class _Server:
-    """One opencode server: its watched turns by opencode session, and its stream.
-    ``connected``: the stream is open and its status read done (what it says is live);
-    ``read_began``: the sequence number at which the latest status read began; ``recheck``:
-    a turn was sent while a status read ran, so the status must be read again."""
-
-    __slots__ = (
-        "base",
-        "connected",
-        "empty_since",
-        "read_began",
-        "recheck",
-        "rechecking",
-        "sessions",
-        "settling_later",
-        "stale",
-        "task",
-    )
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.sessions: dict[str, list[_Watch]] = {}
-        self.task: asyncio.Task[None] | None = None
-        self.connected = False
-        self.read_began = 0
-        self.recheck = False
-        self.rechecking = False
-        self.settling_later = False
-        self.stale = False  # a recheck failed: reconnect (and read the status again)
-        self.empty_since = time.monotonic()
 
 
 class TurnStreams:
@@ -125,8 +75,8 @@ class TurnStreams:
         self._connect_timeout = connect_timeout
         self._max_bytes = max_bytes
         self._ended: TurnEnded | None = None
-        self._servers: dict[str, _Server] = {}
-        self._turns: dict[tuple[str, str, str], _Watch] = {}
+        self._servers: dict[str, ServerWatch] = {}
+        self._turns: dict[tuple[str, str, str], Watch] = {}
         self._seq = 0
         self._reports: set[asyncio.Task[None]] = set()  # ``ended`` calls in flight
         self._chores: set[asyncio.Task[None]] = set()  # status reads asked for, cancelled by stop
@@ -140,7 +90,7 @@ class TurnStreams:
         """Report turn ends to ``ended`` from now on."""
         self._ended = ended
 
-    def watch(self, base: str, session: str, ws: str, ses: str, turn: str) -> _Watch | None:
+    def watch(self, base: str, session: str, ws: str, ses: str, turn: str) -> Watch | None:
         """Watch a turn about to be sent (None when nobody is told of ends: not started).
         An idle of its session from now on counts: the turn may end before its send answers."""
         if self._ended is None:
@@ -149,7 +99,7 @@ class TurnStreams:
         watch.sending = True
         return watch
 
-    def sent(self, watch: _Watch | None) -> None:
+    def sent(self, watch: Watch | None) -> None:
         """The turn's send answered 2xx: its session's next idle ends it."""
         if watch is None or not watch.sending:
             return
@@ -166,7 +116,7 @@ class TurnStreams:
             server.recheck = True
             self._recheck(server)
 
-    def drop(self, watch: _Watch | None) -> None:
+    def drop(self, watch: Watch | None) -> None:
         """The send failed: forget the turn (an ambiguous send that is verified delivered is
         watched anew, by ``state``, under the turn ID the outbox holds it by)."""
         if watch is not None:
@@ -188,7 +138,7 @@ class TurnStreams:
                 self._remove(watch)  # the caller ends it: no report of ours as well
             return TurnState.ENDED
         if watch is None and self._ended is not None:
-            self._add(base, session, ws, ses, turn)
+            self._add(base, session, ws, ses, turn).busy = busy is not None
         return TurnState.UNKNOWN if busy is None else TurnState.RUNNING
 
     def stop(self) -> None:
@@ -229,20 +179,20 @@ class TurnStreams:
         self._seq += 1
         return self._seq
 
-    def _add(self, base: str, session: str, ws: str, ses: str, turn: str) -> _Watch:
+    def _add(self, base: str, session: str, ws: str, ses: str, turn: str) -> Watch:
         key = (ws, ses, turn)
         if (old := self._turns.get(key)) is not None:
             self._remove(old)
         server = self._servers.get(base)
         if server is None:
-            server = self._servers[base] = _Server(base)
-        watch = _Watch(server, session, ws, ses, turn, self._next())
+            server = self._servers[base] = ServerWatch(base)
+        watch = Watch(server, session, ws, ses, turn, self._next())
         self._turns[key] = watch
         server.sessions.setdefault(session, []).append(watch)
         self._ensure_stream(server)
         return watch
 
-    def _remove(self, watch: _Watch) -> None:
+    def _remove(self, watch: Watch) -> None:
         key = (watch.ws, watch.ses, watch.turn)
         if self._turns.get(key) is watch:
             del self._turns[key]
@@ -255,16 +205,25 @@ class TurnStreams:
                 if not server.sessions:
                     server.empty_since = time.monotonic()
 
-    def _idle(self, server: _Server, session: str) -> None:
-        """The session is idle: every turn of it that was sent has ended; one being sent
-        ends as soon as its send answers."""
+    def _change(self, server: ServerWatch, session: str, idle: bool) -> None:
+        """A busy marks the session's watched turns under way. An idle ends those (one being
+        sent ends as soon as its send answers); before a turn was seen busy an idle is an
+        earlier turn's (opencode sends two, and one more after an abort), so it ends nothing,
+        and the status is read again once the turn is of age, in case it ended unseen."""
+        unseen = False
         for watch in list(server.sessions.get(session, ())):
-            if watch.sending:
+            if not idle:
+                watch.busy = True
+            elif not watch.busy:
+                unseen = True
+            elif watch.sending:
                 watch.early = True
             else:
                 self._finish(watch)
+        if unseen:
+            self._settle_later(server)
 
-    def _finish(self, watch: _Watch) -> None:
+    def _finish(self, watch: Watch) -> None:
         self._remove(watch)
         if self._ended is not None:
             self._spawn(self._report(watch, self._ended, time.monotonic()), self._reports)
@@ -275,7 +234,7 @@ class TurnStreams:
         into.add(task)
         task.add_done_callback(into.discard)
 
-    async def _report(self, watch: _Watch, ended: TurnEnded, at: float) -> None:
+    async def _report(self, watch: Watch, ended: TurnEnded, at: float) -> None:
         """``ended(ws, ses, turn)``, awaited; what it raises is logged. A turn that ended
         just after its send may not be held yet: "no such turn" is then asked again."""
         early = bool(watch.sent_at) and at - watch.sent_at < EARLY_WINDOW
@@ -297,7 +256,7 @@ class TurnStreams:
 
     # -- the streams --
 
-    def _ensure_stream(self, server: _Server) -> None:
+    def _ensure_stream(self, server: ServerWatch) -> None:
         if self._ended is None or self._servers.get(server.base) is not server:
             return
         if server.task is not None and not server.task.done():
@@ -309,14 +268,14 @@ class TurnStreams:
         server.task = loop.create_task(self._follow(server), name=f"opencode events {server.base}")
 
     @staticmethod
-    def _young(watch: _Watch) -> bool:
+    def _young(watch: Watch) -> bool:
         """Sent by us less than ``SEND_GRACE`` ago: it may not show as busy yet."""
         return bool(watch.sent_at) and time.monotonic() - watch.sent_at < SEND_GRACE
 
-    def _lingered(self, server: _Server) -> bool:
+    def _lingered(self, server: ServerWatch) -> bool:
         return not server.sessions and time.monotonic() - server.empty_since > STREAM_LINGER
 
-    async def _follow(self, server: _Server) -> None:
+    async def _follow(self, server: ServerWatch) -> None:
         """Keep the server's stream open while it has watched turns (and ``STREAM_LINGER``
         after), reconnecting with backoff; what goes wrong is logged, never raised."""
         backoff = BACKOFF_MIN
@@ -341,7 +300,7 @@ class TurnStreams:
                 else:
                     del self._servers[server.base]
 
-    async def _connection(self, server: _Server) -> bool:
+    async def _connection(self, server: ServerWatch) -> bool:
         """One connection of the stream, until it is cut or nothing is left to watch; True
         if it got as far as its status read (the backoff starts over)."""
         client = self._client_for(server.base)
@@ -373,8 +332,8 @@ class TurnStreams:
             async for chunk in response.aiter_raw():
                 for event in parser.feed(chunk):
                     change = session_change(event.data)
-                    if change is not None and change[1]:
-                        self._idle(server, change[0])
+                    if change is not None:
+                        self._change(server, *change)
                 if parser.skipped:
                     log.warning(
                         "opencode event stream of %s: %d events past %d bytes skipped",
@@ -387,7 +346,7 @@ class TurnStreams:
                     break
         return True
 
-    async def _settle(self, server: _Server) -> bool:
+    async def _settle(self, server: ServerWatch) -> bool:
         """Read the server's status and end every watched turn whose session is not busy
         there. Only turns sent before the read began count: one sent since may not show as
         busy yet (``sent`` asks for another read). False if the status was unreadable."""
@@ -398,12 +357,12 @@ class TurnStreams:
             return False
         young = False
         for session, watches in list(server.sessions.items()):
-            if session in busy:
-                continue
             for watch in list(watches):
                 if watch.sending or watch.seq >= began:
                     continue
-                if self._young(watch):
+                if session in busy:
+                    watch.busy = True  # sent before the read: this busy is its turn
+                elif self._young(watch):
                     young = True
                 else:
                     self._finish(watch)
@@ -411,7 +370,7 @@ class TurnStreams:
             self._settle_later(server)
         return True
 
-    def _settle_later(self, server: _Server) -> None:
+    def _settle_later(self, server: ServerWatch) -> None:
         """Read the status again once the youngest turn skipped now comes of age."""
         if server.settling_later:
             return
@@ -427,7 +386,7 @@ class TurnStreams:
 
         self._spawn(run(), self._chores)
 
-    def _recheck(self, server: _Server) -> None:
+    def _recheck(self, server: ServerWatch) -> None:
         """Read the status again while the stream is live (a stream not live yet reads it
         before it counts as live; the next connect reads it anyway). One at a time; one that
         fails makes the stream reconnect."""
