@@ -297,6 +297,26 @@ async def test_a_release_whose_worker_died_is_taken_again(client: Client) -> Non
     assert await client.zscore(OWNERS, "w-gone") is None
 
 
+async def test_an_owner_forgets_turns_it_cannot_ask_about_past_their_bound(
+    client: Client,
+) -> None:
+    """A turn of a deliverer that cannot be asked ends by ``end_turn``, maybe in another
+    process: its owner never hears of it. Past the lock's own expiry its record goes, or a
+    worker's memory would grow with every session it ever sent to."""
+    short = dataclasses.replace(TURNS, turn_ceiling=0.5, turn_grace=0.1, lease_ttl=0.3)
+    worker, api = Outbox(client, short), Outbox(client, short)
+    agent = TurnAgent()
+    async with worker.running(agent):
+        for n in range(3):
+            await api.accept(WS, f"s{n}", "u", f"c{n}", f"p{n}")
+        await eventually(lambda: holds(len(worker._engine.turns.owned) == 3))
+        for n in range(3):
+            assert (await api.end_turn(WS, f"s{n}", agent.finish(f"s{n}"))).ended
+        await asyncio.sleep(0.4)
+        assert len(worker._engine.turns.owned) == 3  # ended elsewhere: not heard of here
+        await eventually(lambda: holds(not worker._engine.turns.owned), within=10)
+
+
 async def test_an_end_that_outruns_its_claim_is_kept_for_it(client: Client) -> None:
     # The agent's end can come before the claim that holds its turn (a receiver that ends at
     # once): the claim then holds none, and the next prompt goes without waiting for a check.

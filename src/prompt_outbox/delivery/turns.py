@@ -287,6 +287,7 @@ class Turns:
     async def _ask_owned(self, deliverer: Deliverer) -> None:
         """Ask the agent about every turn this worker owns; end those it says ended."""
         if not isinstance(deliverer, TurnWatcher):
+            self._forget_lapsed()
             return
         gate = asyncio.Semaphore(_ASKS_AT_ONCE)
 
@@ -301,6 +302,15 @@ class Turns:
                     await self._note(k, mine, "" if state is TurnState.RUNNING else reason)
 
         await asyncio.gather(*(one(ws, ses, m) for (ws, ses), m in list(self.owned.items())))
+
+    def _forget_lapsed(self) -> None:
+        """Drop the records of turns past the lock's own expiry. A deliverer that cannot be
+        asked learns no ends here (they come by ``end_turn``, maybe in another process), and
+        by then each turn is let go in Valkey anyway: ``owned`` must not grow per session."""
+        bound = self.now_ms() - turns.hold_ms(self.tunables)
+        for key, mine in list(self.owned.items()):
+            if mine.since_ms < bound:
+                del self.owned[key]
 
     async def _note(self, k: SessionKeys, mine: Owned, reason: str) -> None:
         """Write (or clear) why an owned turn is still held in its record (List's turnWhy)."""
