@@ -324,30 +324,23 @@ class Outbox:
 
         Sessions deliver in parallel (at most ``tunables.concurrency``), one entry in flight
         per session. An accept wakes delivery at once; ``tick`` bounds how long it sleeps
-        otherwise. It calls ``recover()`` as it starts.
+        otherwise. It calls ``recover()`` as it starts. ``StorageFormatError`` (before anything
+        runs) if a newer version wrote to this Valkey.
         """
-        loop = self._run_loop(deliverer, tick)
-        async with self._engine.turns.keeping(deliverer, self.end_turn, self._detached):
-            loop.start()
-            try:
-                yield
-            finally:
-                await loop.stop()
+        async with self._looping(deliverer, tick) as loop:
+            yield
         loop.raise_failure()  # a loop that died of a bug says so here, not silently
 
     async def run(self, deliverer: Deliverer, tick: float = 1.0) -> None:
         """``running`` as a task: deliver until cancelled, join every delivery it started,
         then re-raise the CancelledError."""
-        loop = self._run_loop(deliverer, tick)
-        async with self._engine.turns.keeping(deliverer, self.end_turn, self._detached):
-            loop.start()
-            try:
-                await loop.wait()
-            finally:
-                await loop.stop()
+        async with self._looping(deliverer, tick) as loop:
+            await loop.wait()
 
-    def _run_loop(self, deliverer: Deliverer, tick: float) -> RunLoop:
-        return RunLoop(
+    @contextlib.asynccontextmanager
+    async def _looping(self, deliverer: Deliverer, tick: float) -> AsyncIterator[RunLoop]:
+        await self._store.record_format()  # a newer store is refused before anything runs
+        loop = RunLoop(
             store=self._store,
             engine=self._engine,
             maintenance=self._maintenance,
@@ -358,6 +351,12 @@ class Outbox:
             deliverer=deliverer,
             tick=tick,
         )
+        async with self._engine.turns.keeping(deliverer, self.end_turn, self._detached):
+            loop.start()
+            try:
+                yield loop
+            finally:
+                await loop.stop()
 
     async def end_turn(self, workspace_id: str, session_id: str, turn_id: str) -> TurnEnd:
         """End the session's turn of that ID (DESIGN.md §8): its next entry is then sent.

@@ -806,7 +806,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -889,7 +889,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -977,7 +977,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1065,7 +1065,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1151,7 +1151,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1246,7 +1246,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1332,7 +1332,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1424,7 +1424,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1515,7 +1515,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1603,7 +1603,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1700,7 +1700,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1804,7 +1804,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1901,7 +1901,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2048,7 +2048,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2154,7 +2154,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2280,7 +2280,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2397,7 +2397,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2494,7 +2494,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2593,7 +2593,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2681,7 +2681,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2769,7 +2769,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After) */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;

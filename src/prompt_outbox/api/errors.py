@@ -26,6 +26,7 @@ from ..core.errors import (
     NotDurable,
     OutboxFull,
     SessionBusy,
+    StorageFormatError,
     StorageFull,
     TextTooLarge,
     WorkspaceFull,
@@ -96,7 +97,8 @@ ERROR_WHY = {
     "deadline_exceeded: no answer within the request deadline (Retry-After; an accept may "
     "have been written: send it again with the same clientMessageID); storage_full: Valkey's "
     "memory is near its maxmemory, nothing written (Retry-After); for a list or events, "
-    "answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After)",
+    "answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); "
+    "storage_format: a newer prompt-outbox wrote to this Valkey, nothing written",
 }
 
 # The status of each InvalidInput kind that is not a plain 400.
@@ -149,6 +151,11 @@ async def _storage_full(_: Request, exc: StorageFull | OutOfMemoryError) -> Resp
     # Not the client's doing, and the server's memory figures are not the client's business.
     detail = "storage is nearly full: nothing was written; send it again later"
     return error_response(503, "storage_full", detail, headers=FULL_RETRY_AFTER)
+
+
+async def _storage_format(_: Request, exc: StorageFormatError) -> Response:
+    # An operator's matter (a newer version wrote to this Valkey): nothing was written.
+    return error_response(503, "storage_format", str(exc))
 
 
 async def _not_durable(_: Request, exc: NotDurable) -> Response:
@@ -225,6 +232,7 @@ EXCEPTION_HANDLERS: dict[
     WorkspaceFull: _workspace_full,  # an OutboxFull with its own code
     WorkspaceLogsFull: _logs_full,
     StorageFull: _storage_full,
+    StorageFormatError: _storage_format,
     # Valkey past its maxmemory refused the write (noeviction): the same answer, not a 500.
     OutOfMemoryError: _storage_full,
     NotDurable: _not_durable,

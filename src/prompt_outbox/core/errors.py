@@ -127,6 +127,19 @@ class NotDurable(Exception):
         self.entry_id, self.level, self.detail = entry_id, level, detail
 
 
+class StorageFormatError(Exception):
+    """Valkey holds data in a storage format newer than this prompt-outbox knows (a newer
+    version has written there): nothing is read or written. Upgrade prompt-outbox on this
+    machine, or point it at another Valkey (docs/design.md "Storage format")."""
+
+    def __init__(self, found: str, known: int) -> None:
+        super().__init__(
+            f"Valkey holds prompt-outbox storage format {found}, newer than this version "
+            f"knows ({known}): upgrade prompt-outbox before running it against this Valkey"
+        )
+        self.found, self.known = found, known
+
+
 class _WrappedDeliveryError(Exception):
     """Base of the deliverer outcome wrappers: carries the underlying error as ``err``."""
 

@@ -29,6 +29,15 @@ LEGACY_WORKSPACES = "outboxworkspaces"
 """The registry before the due index (a ZSET workspace -> last accept ms). Read once at start
 (``Store.migrate_legacy_registry``) and folded into the buckets, then deleted."""
 
+FORMAT_KEY = "outboxformat"
+"""STRING: the newest storage format that has written to this Valkey (``STORAGE_FORMAT``)."""
+
+STORAGE_FORMAT = 2
+"""The shape of every key above, as this version writes and reads it. A change that older
+code would misread raises it, and each start refuses a store of a newer format
+(docs/design.md "Storage format"). 1: before the format was recorded (up to the security
+release); 2: turns (``turn:`` lock values, ``outboxturns``, ``outboxturnend``, ``OWNERS``)."""
+
 OWNERS = "outboxowners"
 """ZSET worker ID -> ms its heartbeat lapses: the workers that own turns (core/turns.py). One
 key for the whole store, one write per worker per beat."""

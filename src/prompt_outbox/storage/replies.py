@@ -236,6 +236,13 @@ class Lock(enum.Enum):
     BUSY = "busy"
 
 
+class Format(enum.Enum):
+    """format.lua: the format now in force follows."""
+
+    OK = "ok"
+    NEWER = "newer"  # a newer format (or not one) is there: nothing written
+
+
 class Forgot(enum.Enum):
     """notified.lua: whether the owed-hook record was there."""
 

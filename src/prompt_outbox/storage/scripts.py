@@ -32,6 +32,7 @@ NAMES = (
     "turn_end",
     "turn_check",
     "owner_claim",
+    "format",
 )
 
 MARKED = ("accept", "replace", "seed")

@@ -18,7 +18,8 @@ from valkey.exceptions import ClusterError, NoScriptError, TryAgainError
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
-from ..core.keys import SessionKeys, WorkspaceKeys
+from ..core.errors import StorageFormatError
+from ..core.keys import FORMAT_KEY, STORAGE_FORMAT, SessionKeys, WorkspaceKeys
 from . import replies, waitaof
 from .autopipe import AutoPipeline
 from .client import Client
@@ -34,6 +35,7 @@ from .replies import (
     Counted,
     Edited,
     Forgot,
+    Format,
     Held,
     Lock,
     LogsFull,
@@ -104,10 +106,25 @@ class Store:
         self.turns = TurnStore(client, self._run, self.due)
         """Sessions held in turn: their ends, checks and owners (storage/turnstore.py)."""
         self._pipe = None
+        self._format_recorded = False
         if not isinstance(client, ValkeyCluster):
             self._pipe = AutoPipeline(client, self.load_scripts)
 
+    async def record_format(self) -> None:
+        """Record this version's storage format in Valkey, once per Store (format.lua); raise
+        ``StorageFormatError`` if a newer one is there. Every transition calls it first, so no
+        write goes into a store a newer version wrote (reads are left alone)."""
+        if self._format_recorded:
+            return
+        reply = await self._scripts["format"](keys=[FORMAT_KEY], args=[STORAGE_FORMAT])
+        word, rest = parse(Format, reply)
+        if word is Format.NEWER:
+            raise StorageFormatError(text(rest[0]), STORAGE_FORMAT)
+        self._format_recorded = True
+
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if not self._format_recorded:
+            await self.record_format()
         if self._pipe is None:  # a cluster: alone (autopipe.py)
             return await self._scripts[name](keys=list(keys), args=list(args))
         return await self._pipe.call(self._scripts[name], keys, args)
@@ -136,6 +153,7 @@ class Store:
         that met NOSCRIPT (a restarted server) ran nothing, so it is sent again after loading.
         A cluster keeps the marks in other slots than the workspace and refuses scripts in a
         pipeline: mark before, run, mark after, in that order, and no ``tail`` (answers [])."""
+        await self.record_format()  # the pipeline below bypasses ``_run``
         if isinstance(self.client, ValkeyCluster):
             await self.due.mark(ws, now_ms, "before")
             reply = await self._run(name, keys, args)
