@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from prompt_outbox import Entry, Outbox, Turn, ambiguous
-from prompt_outbox.core.keys import WORKSPACE_KEY_PREFIXES, SessionKeys, WorkspaceKeys, buckets
+from prompt_outbox.core.keys import (
+    FORMAT_KEY,
+    WORKSPACE_KEY_PREFIXES,
+    SessionKeys,
+    WorkspaceKeys,
+    buckets,
+)
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.replies import text
 from prompt_outbox.storage.store import Store
@@ -17,8 +23,8 @@ from tests.conftest import ManualClock
 
 pytestmark = pytest.mark.cluster_too
 
-SHARED = {k for b in buckets() for k in b.script_keys()}
-"""The due index's bucket keys: many workspaces share them, so no workspace owns them."""
+SHARED = {FORMAT_KEY, *(k for b in buckets() for k in b.script_keys())}
+"""The store's format and the due index's bucket keys: no workspace owns them."""
 
 # Workspace acme's sessions, and its neighbours: a session named after it in another
 # workspace, workspaces whose names hold it or are held in it, and names with dots.
@@ -125,10 +131,10 @@ async def test_every_key_the_scripts_write_is_under_one_prefix_of_its_workspace(
     # The cycle reached every kind of key, so the check above covered each prefix.
     used = {p for p in WORKSPACE_KEY_PREFIXES for key in seen if key.startswith(p + "{")}
     assert used == set(WORKSPACE_KEY_PREFIXES)
-    # Cleaning every workspace leaves nothing behind, bucket keys included.
+    # Cleaning every workspace leaves nothing of theirs behind, bucket keys included.
     for ws in sorted(workspaces):
         await manual_outbox.cleanup_workspace(ws)
-    assert await keys_of(client) == set()
+    assert await keys_of(client) == {FORMAT_KEY}
 
 
 async def test_cleanup_deletes_exactly_its_workspace_and_no_neighbour(
