@@ -167,8 +167,8 @@ async def run_api(
 @click.command()
 @storage_options
 @durability_options
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="PROMPT_OUTBOX_HOST")
+@click.option("--port", default=8080, show_default=True, type=int, envvar="PROMPT_OUTBOX_PORT")
 @click.option(
     "--tokens",
     "tokens_file",
