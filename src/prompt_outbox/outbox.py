@@ -203,7 +203,7 @@ class Outbox:
             k,
             cmid,
             fingerprint,
-            entry.to_json(),
+            entry.traced().to_json(),
             entry.id,
             t.cap,
             t.workspace_cap,

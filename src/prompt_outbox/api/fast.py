@@ -72,4 +72,5 @@ class AcceptFastPath:
         check_id(PATH_IDS["ses"], ses)
         key = request.headers.get("idempotency-key")
         body = await request.body()
-        return await accept_body(state.outbox, state.accept_rates, ws, ses, caller, body, key)
+        outbox, rates = state.outbox, state.accept_rates
+        return await accept_body(outbox, rates, ws, ses, caller, body, key, request.headers)

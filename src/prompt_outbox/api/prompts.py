@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -19,6 +20,7 @@ from ..core.callbacks import DismissResult, EditResult, RetryResult
 from ..core.entry import raw_object_fields
 from ..core.errors import Duplicate
 from ..core.keys import CLIENT_MESSAGE_ID_PATTERN
+from ..core.tracing import about, tracing
 from ..core.validate import MAX_TEXT_BYTES, WhileBusy
 from ..outbox import Outbox
 from .answers import AnswersDep, charge, list_body
@@ -136,7 +138,7 @@ async def accept_prompt(
     # ``fast.AcceptFastPath`` answers this route before FastAPI routes it; both end here.
     rates = request.app.state.accept_rates
     body = await request.body()
-    return await accept_body(outbox, rates, ws, ses, caller, body, idempotency_key)
+    return await accept_body(outbox, rates, ws, ses, caller, body, idempotency_key, request.headers)
 
 
 async def accept_body(
@@ -147,19 +149,25 @@ async def accept_body(
     caller: Principal,
     body: bytes,
     key: str | None,
+    headers: Mapping[str, str],
 ) -> Response:
     """The accept route once auth and the path IDs passed: the caller's rate, then the body
-    checked and accepted. ``key``: the Idempotency-Key header as sent, if any."""
-    rates.take(caller)  # before the body is parsed: a flood costs a lookup per request
-    cmid, text, model, while_busy = _parse_prompt(
-        body, None if key is None else _idempotency_key(key)
-    )
-    try:
-        entry = await outbox.accept(
-            ws, ses, caller.user_id, cmid, text, model, while_busy=while_busy
+    checked and accepted. ``key``: the Idempotency-Key header as sent, if any. ``headers``:
+    the request's, for its trace context (W3C ``traceparent``: the accept span's parent)."""
+    with tracing().accept(about(ws, ses), headers) as span:
+        rates.take(caller)  # before the body is parsed: a flood costs a lookup per request
+        cmid, text, model, while_busy = _parse_prompt(
+            body, None if key is None else _idempotency_key(key)
         )
-    except Duplicate as dup:
-        return _json(200, {"id": dup.accepted_id, "duplicate": True}, {REPLAYED: "true"})
+        try:
+            entry = await outbox.accept(
+                ws, ses, caller.user_id, cmid, text, model, while_busy=while_busy
+            )
+        except Duplicate as dup:
+            span.set("prompt_outbox.entry", dup.accepted_id)
+            span.set("prompt_outbox.duplicate", True)
+            return _json(200, {"id": dup.accepted_id, "duplicate": True}, {REPLAYED: "true"})
+        span.set("prompt_outbox.entry", entry.id)
     # The Accepted shape (the route's response_model, for the OpenAPI), encoded here: a
     # Response skips FastAPI's validation and encoding of the answer.
     return _json(202, {"id": entry.id, "status": str(entry.status), "duplicate": False})

@@ -8,6 +8,7 @@ import click
 
 from .admin import cleanup, dismiss, list_prompts, park, retry, stats, unpark
 from .demo import demo
+from .otel import setup_tracing
 from .serve import openapi, serve, worker
 
 
@@ -15,6 +16,7 @@ from .serve import openapi, serve, worker
 def main() -> None:
     """prompt-outbox: a durable outbox for prompts sent to AI-agent sessions."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_tracing()  # OTEL_* (cli/otel.py): off, and nothing imported, unless asked
 
 
 for command in (

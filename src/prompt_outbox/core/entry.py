@@ -7,12 +7,13 @@ import math
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from .timeutil import format_time, parse_time
+from .tracing import checked_traceparent, tracing
 
 
 class Status(StrEnum):
@@ -33,6 +34,9 @@ class Entry:
     and ``in_flight_for`` (seconds) are set by ``Outbox.list`` only and never stored; so is
     ``in_turn_for``, on entries waiting for the agent's turn on a delivered one to end, and
     ``turn_why``, why that turn is still held when the agent could not be asked.
+
+    ``trace`` is the prompt's W3C trace context (``traceparent``, core/tracing.py), kept in the
+    stored form only, so that any worker continues the accept's trace; '' without tracing.
     """
 
     id: str
@@ -52,10 +56,17 @@ class Entry:
     in_flight_for: float = field(default=0.0, compare=False)
     in_turn_for: float = field(default=0.0, compare=False)
     turn_why: str = field(default="", compare=False)
+    trace: str = field(default="", compare=False)
 
     def to_json(self) -> str:
-        """The stored form: the seed's field names, ``model`` spliced in as raw JSON."""
-        return encode_entry(self, with_list_fields=False)
+        """The stored form: the seed's field names, ``model`` spliced in as raw JSON, and the
+        trace context (``traceparent``) when there is one."""
+        return encode_entry(self, with_list_fields=False, stored=True)
+
+    def traced(self) -> Entry:
+        """This entry with the trace context an accept gives it (itself when tracing is off)."""
+        parent = checked_traceparent(tracing().traceparent())
+        return replace(self, trace=parent) if parent else self
 
     def to_list_json(self) -> str:
         """The List form: also carries blockedByInFlight / inFlightFor (integer nanoseconds)."""
@@ -71,10 +82,13 @@ class EntryDecodeError(ValueError):
     """A stored or seeded string is not a valid entry."""
 
 
-def encode_entry(e: Entry, *, with_list_fields: bool) -> str:
+def encode_entry(e: Entry, *, with_list_fields: bool, stored: bool = False) -> str:
+    """An entry's JSON: the public form (a webhook's body, List with ``with_list_fields``), or
+    the ``stored`` one, which alone carries the trace context."""
     model = "" if e.model is None else f',"model":{e.model}'
     text = json.dumps(e.text, ensure_ascii=False)
-    return f'{{{_head(e)},"text":{text}{model},{_tail(e, with_list_fields)}}}'
+    trace = f',"traceparent":{json.dumps(e.trace)}' if stored and e.trace else ""
+    return f'{{{_head(e)},"text":{text}{model},{_tail(e, with_list_fields)}{trace}}}'
 
 
 def _head(e: Entry) -> str:
@@ -287,4 +301,5 @@ def decode_entry(raw: str) -> Entry:
         next_attempt_at=get_time("nextAttemptAt"),
         last_error=get("lastError", str, ""),
         status=status,
+        trace=checked_traceparent(fields.get("traceparent")),  # a bad one is dropped
     )

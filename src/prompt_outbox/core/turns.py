@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from .callbacks import TurnState
 from .settings import Tunables
+from .tracing import checked_traceparent
 
 PREFIX = "turn:"
 
@@ -56,7 +57,8 @@ class TurnInfo:
 @dataclass(frozen=True, slots=True)
 class TurnHold:
     """One session's turn: its ID, the delivered entry, when it began, when it is next
-    checked (ms), why the last check could not settle it, and whether an abort was asked."""
+    checked (ms), why the last check could not settle it, whether an abort was asked, and
+    the prompt's trace context (``trace``: the turn's end is a span of the prompt's trace)."""
 
     turn: str
     entry: str
@@ -65,6 +67,7 @@ class TurnHold:
     why: str = ""
     abort: bool = False
     owner: str = ""
+    trace: str = ""
 
     def encode(self) -> str:
         record: dict[str, object] = {"turn": self.turn, "entry": self.entry, "since": self.since_ms}
@@ -74,6 +77,8 @@ class TurnHold:
             record["why"] = self.why[:300]
         if self.abort:
             record["abort"] = True
+        if self.trace:
+            record["tp"] = self.trace
         return f"{PREFIX}{self.check_ms}:{json.dumps(record, separators=(',', ':'))}"
 
     def seconds(self, now_ms: int) -> float:
@@ -103,6 +108,7 @@ def decode_turn(lock_value: str) -> TurnHold | None:
             why=str(record.get("why", "")),
             abort=bool(record.get("abort", False)),
             owner=str(record.get("owner", "")),
+            trace=checked_traceparent(record.get("tp")),
         )
     except (ValueError, TypeError, KeyError):
         return None
@@ -118,12 +124,19 @@ def next_check(since_ms: int, now_ms: int, owner: str, t: Tunables) -> int:
 
 
 def started(
-    turn: str, entry: str, now_ms: int, t: Tunables, *, owner: str, check_now: bool
+    turn: str,
+    entry: str,
+    now_ms: int,
+    t: Tunables,
+    *,
+    owner: str,
+    check_now: bool,
+    trace: str = "",
 ) -> TurnHold:
     """The hold a delivery begins. ``check_now``: first ask the agent at once (a send that was
-    verified, whose turn nobody watches yet)."""
+    verified, whose turn nobody watches yet). ``trace``: the delivered entry's."""
     check = now_ms if check_now else next_check(now_ms, now_ms, owner, t)
-    return TurnHold(turn, entry, now_ms, check, owner=owner)
+    return TurnHold(turn, entry, now_ms, check, owner=owner, trace=trace)
 
 
 def released(hold: TurnHold, now_ms: int) -> TurnHold:

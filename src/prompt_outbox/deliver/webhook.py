@@ -40,7 +40,7 @@ import time
 import httpx
 
 from ..core.callbacks import Turn, TurnEnded, TurnState, Verdict
-from ..core.entry import Entry
+from ..core.entry import Entry, encode_entry
 from ..core.errors import ambiguous, transient
 from ..core.signature import (
     ENTRY_ID_HEADER,
@@ -50,6 +50,7 @@ from ..core.signature import (
     WORKSPACE_HEADER,
     sign,
 )
+from ..core.tracing import tracing
 from .answer import Answer, KiB, MalformedAnswer, bounded_request
 
 log = logging.getLogger("prompt_outbox.webhook")
@@ -95,7 +96,7 @@ class WebhookDeliverer:
         self._client = client or httpx.AsyncClient(timeout=timeout)
 
     async def __call__(self, ws: str, ses: str, entry: Entry) -> Turn | None:
-        body = entry.to_json().encode()
+        body = encode_entry(entry, with_list_fields=False).encode()  # the public form: no trace
         # Signed per send: a retry or a re-send after verification carries a fresh timestamp.
         timestamp = int(time.time())
         signature = sign(
@@ -113,6 +114,7 @@ class WebhookDeliverer:
             SIGNATURE_HEADER: signature,
             WORKSPACE_HEADER: ws,
             SESSION_HEADER: ses,
+            **tracing().headers(),  # traceparent: the receiver's spans join the send's trace
         }
         try:
             answer = await bounded_request(

@@ -26,6 +26,7 @@ from ..core.settings import Tunables
 from ..core.timeutil import Clock, to_ms
 from ..storage.replies import Acquire, Acquired, Claim, Replace, Write
 from ..storage.store import TRANSIENT_ERRORS, Store, notice_member
+from . import traced
 from .forgets import Forgets
 from .lease import Kept, new_lock_value
 from .tasks import never, settled
@@ -169,7 +170,9 @@ class Engine:
         flight = self.in_flight[(k.ws, k.ses)] = InFlight(staged.id, deliverer)
         try:
             async with self.lease(k, lockval):
-                turn, failure = await self._bounded(deliverer(k.ws, k.ses, staged))
+                turn, failure = await traced.send(
+                    k, staged, self._bounded(deliverer(k.ws, k.ses, staged))
+                )
         finally:
             if self.in_flight.get((k.ws, k.ses)) is flight:
                 del self.in_flight[(k.ws, k.ses)]
@@ -206,7 +209,7 @@ class Engine:
         """Claim an entry the agent has; with a turn (a ``Turn`` the deliverer returned, or
         a verified send of a deliverer that watches turns), the lock goes to the turn, unless
         its end came first (then the drain goes on)."""
-        held = self.turns.claim_of(k, turn, entry.id, verified=via == "verify")
+        held = self.turns.claim_of(k, turn, entry.id, verified=via == "verify", trace=entry.trace)
         claimed = await self.claim(k, hold.lockval, entry, via, hold, raw=raw, turn=held)
         if held is None or (claimed and hold.ended_early):
             return Step.ACTED
@@ -226,7 +229,7 @@ class Engine:
         async with self.lease(k, lockval):
             try:
                 async with asyncio.timeout(self.tunables.delivery_timeout):
-                    verdict = await verifier(k.ws, k.ses, entry)
+                    verdict = await traced.verify(k, entry, verifier(k.ws, k.ses, entry))
             except Exception as exc:
                 reason = f"verifier failed: {machine.describe(exc)}"
         reached(CrashPoint.AFTER_VERIFY)
@@ -307,7 +310,7 @@ class Engine:
         hook = self.wiring.on_delivered
         if hook is None:
             return
-        await self._fire(hook, "on_delivered", k, entry)
+        await self._fire(traced.hook(hook), "on_delivered", k, entry)
         reached(CrashPoint.AFTER_HOOK)
         if hold is not None:
             hold.ran = entry.id

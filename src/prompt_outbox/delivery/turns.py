@@ -32,6 +32,8 @@ from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.metrics import Metrics
 from ..core.settings import Tunables
 from ..storage.store import TRANSIENT_ERRORS, Store
+from ..storage.turnstore import EndedTurn
+from . import traced
 from .tasks import Detached, settled
 
 log = logging.getLogger("prompt_outbox")
@@ -84,10 +86,11 @@ class Turns:
     # -- a turn begins, is checked, ends ----------------------------------------------------
 
     def claim_of(
-        self, k: SessionKeys, result: object, entry_id: str, *, verified: bool
+        self, k: SessionKeys, result: object, entry_id: str, *, verified: bool, trace: str = ""
     ) -> TurnClaim | None:
         """The turn a claim begins: the deliverer's ``Turn`` (``result``; None: no turn), or
-        for a verified send of a watcher's deliverer one named by the entry, checked at once."""
+        for a verified send of a watcher's deliverer one named by the entry, checked at once.
+        ``trace``: the entry's trace context, which the turn's record keeps for its end."""
         if result is None:
             return None
         if not isinstance(result, Turn):
@@ -99,7 +102,7 @@ class Turns:
             return None
         t = self.tunables
         begun = turns.started(
-            result.id, entry_id, self.now_ms(), t, owner=self.owner, check_now=verified
+            result.id, entry_id, self.now_ms(), t, owner=self.owner, check_now=verified, trace=trace
         )
         return TurnClaim(begun.encode(), result.id, turns.hold_ms(t), begun.owner)
 
@@ -131,10 +134,11 @@ class Turns:
         mine = self.owned.get((k.ws, k.ses))
         if mine is not None and mine.turn == turn_id:
             del self.owned[(k.ws, k.ses)]
-        since = landed[0]
-        if since is None:
+        ended = landed[0]
+        if ended is None:
             return TurnEnd(False)
-        seconds = max(0.0, (now - since) / 1000)
+        seconds = max(0.0, (now - ended.since_ms) / 1000)
+        traced.turn_ended(k, turn_id, ended, why, seconds)
         self.metrics.turns_ended.labels(why=why).inc()
         self.metrics.turn_seconds.observe(seconds)
         log.info(
@@ -145,7 +149,7 @@ class Turns:
 
     async def _end_once(
         self, k: SessionKeys, turn_id: str, now: int, why: str
-    ) -> tuple[int | None]:
+    ) -> tuple[EndedTurn | None]:
         return (await self.store.turns.end_turn(k, turn_id, now, why),)
 
     async def check(self, k: SessionKeys, value: str, deliverer: Deliverer) -> bool:

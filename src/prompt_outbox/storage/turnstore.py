@@ -4,6 +4,7 @@ and the owners' heartbeats. One room of the Store (``Store.turns``)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.keys import OWNERS, SessionKeys, WorkspaceKeys
@@ -16,6 +17,16 @@ EARLY_END_MS = 60_000
 agent's end can outrun that claim (a webhook receiver that ends at once, a short opencode
 turn). Past it the end is forgotten, and the turn is learned from a check."""
 
+
+@dataclass(frozen=True, slots=True)
+class EndedTurn:
+    """A turn turn_end.lua ended: when it began (ms), its entry's ID and trace context."""
+
+    since_ms: int
+    entry: str = ""
+    trace: str = ""
+
+
 Run = Callable[[str, Sequence[str], Sequence[Any]], Awaitable[Any]]
 
 
@@ -27,9 +38,11 @@ class TurnStore:
         self._run = run
         self._due = due
 
-    async def end_turn(self, k: SessionKeys, turn_id: str, now_ms: int, why: str) -> int | None:
-        """End the session's turn of that ID (turn_end.lua): when it began (ms), or None if
-        the session holds no such turn. Marks the due index if that made work due sooner."""
+    async def end_turn(
+        self, k: SessionKeys, turn_id: str, now_ms: int, why: str
+    ) -> EndedTurn | None:
+        """End the session's turn of that ID (turn_end.lua): what it was, or None if the
+        session holds no such turn. Marks the due index if that made work due sooner."""
         args = [k.ses, turn_id, now_ms, why, EARLY_END_MS]
         keys = [*k.script_keys(), k.workspace.turns, k.early_end]
         word, rest = parse(TurnWrite, await self._run("turn_end", keys, args))
@@ -38,7 +51,8 @@ class TurnStore:
         lowered = lowered_ms(rest[1])
         if lowered is not None:
             await self._due.mark(k.ws, lowered)
-        return int(text(rest[0]))
+        entry, trace = (text(rest[2]), text(rest[3])) if len(rest) > 3 else ("", "")
+        return EndedTurn(int(text(rest[0])), entry, trace)
 
     async def keep_turn(
         self, k: SessionKeys, old: str, new: str, now_ms: int, owner: str = ""

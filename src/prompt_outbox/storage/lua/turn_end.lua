@@ -14,8 +14,10 @@
     ARGV[5]    how long an early end is kept, ms (0: keep none, a check's own end)
 
   Output:
-    {'ok', since, m}  ended; since: when the turn began (ms); m: as release.lua's (the
-                      caller marks the due index if letting go moved the work earlier)
+    {'ok', since, m, entry, tp}
+                      ended; since: when the turn began (ms); m: as release.lua's (the
+                      caller marks the due index if letting go moved the work earlier);
+                      the turn's entry ID and trace context ('' none: core/turns.py)
     {'gone'}          the session holds no turn of that ID (unknown, over already, or
                       not held yet: kept ARGV[5] ms in KEYS[12], for the claim that holds it)
 
@@ -35,4 +37,5 @@ redis.call('HDEL', KEYS[11], ses)
 local since = tonumber(record.since) or now
 emit_turn_ended(KEYS, tostring(record.entry), turn, math.max(0, now - since) / 1000, why)
 refresh_head(KEYS, ses, now)
-return {'ok', string.format('%d', since), lowered(KEYS, ses, before)}
+local tp = type(record.tp) == 'string' and record.tp or ''
+return {'ok', string.format('%d', since), lowered(KEYS, ses, before), tostring(record.entry), tp}
