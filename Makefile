@@ -32,10 +32,34 @@ $(CHROMIUM):
 	  echo "no apt-get: install Chromium at $(CHROMIUM) for tests/test_browser_client.py"; \
 	fi
 
-test: lint $(CHROMIUM)
+# tests/test_deploy.py runs the compose file's valkey-cli commands with Debian's redis-cli (the
+# bundled Valkey has no cli) and checks the systemd units with systemd-analyze: install them
+# where they are missing, as Chromium above.
+REDIS_CLI := /usr/bin/redis-cli
+SYSTEMD_ANALYZE := /usr/bin/systemd-analyze
+
+$(REDIS_CLI):
+	@if command -v apt-get >/dev/null; then \
+	  echo "installing Debian's redis-tools for the deploy test ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-tools >/dev/null; \
+	else \
+	  echo "no apt-get: install redis-cli at $(REDIS_CLI) for tests/test_deploy.py"; \
+	fi
+
+$(SYSTEMD_ANALYZE):
+	@if command -v apt-get >/dev/null; then \
+	  echo "installing Debian's systemd (for systemd-analyze) for the deploy test ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; \
+	else \
+	  echo "no apt-get: install systemd-analyze at $(SYSTEMD_ANALYZE) for tests/test_deploy.py"; \
+	fi
+
+DEPLOY_TOOLS := $(REDIS_CLI) $(SYSTEMD_ANALYZE)
+
+test: lint $(CHROMIUM) $(DEPLOY_TOOLS)
 	$(BIN)/pytest -q
 
-test-all: lint $(CHROMIUM)
+test-all: lint $(CHROMIUM) $(DEPLOY_TOOLS)
 	$(BIN)/pytest -q -m ''
 
 # Every chaos scenario, the long runs included (~17 min): worker / Valkey / network faults at full size,
