@@ -15,7 +15,7 @@ import click
 from ..core.settings import DURABILITY_LEVELS, Tunables, tunables_from_json
 from ..outbox import Outbox
 from ..storage.client import Client
-from ..storage.connect import connect
+from ..storage.connect import TLSFiles, connect
 from ..storage.durability import DurabilityError
 from ..storage.embedded import (
     DataDirInUse,
@@ -57,9 +57,12 @@ def storage_options(command: F) -> F:
             click.option(
                 "--valkey-url",
                 envvar="PROMPT_OUTBOX_VALKEY_URL",
-                help="external Valkey (valkey+cluster://host:port for a cluster); "
-                "default: the embedded one on --data-dir",
+                help="external Valkey: valkey://[user:password@]host:port (valkeys:// with "
+                "TLS), valkey+cluster://host:port for a cluster, "
+                "valkey+sentinel://host:port[,host:port...]/service through Sentinel "
+                "(docs/deploy.md); default: the embedded one on --data-dir",
             ),
+            *tls_options(),
             click.option(
                 "--data-dir",
                 default="./.prompt-outbox",
@@ -86,6 +89,36 @@ def storage_options(command: F) -> F:
     ):
         command = option(command)
     return command
+
+
+_TLS_META = "prompt_outbox.tls"
+
+
+def tls_options() -> list[Callable[[F], F]]:
+    """--valkey-ca-file / --valkey-cert-file / --valkey-key-file: kept on the click context
+    (not passed to each command) and read by ``open_valkey``."""
+
+    def keep(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None and param.name is not None:
+            ctx.meta.setdefault(_TLS_META, {})[param.name] = value
+
+    return [
+        click.option(
+            f"--valkey-{name}-file",
+            f"{name}_file",
+            envvar=f"PROMPT_OUTBOX_VALKEY_{name.upper()}_FILE",
+            type=click.Path(exists=True, dir_okay=False),
+            expose_value=False,
+            callback=keep,
+            help=text,
+        )
+        for name, text in (
+            ("ca", "PEM file of the CA that signed a valkeys:// server's certificate "
+             "(default: the system's CAs)"),
+            ("cert", "PEM client certificate, for a valkeys:// server that asks for one"),
+            ("key", "PEM key of --valkey-cert-file"),
+        )
+    ]  # fmt: skip
 
 
 def durability_options(command: F) -> F:
@@ -210,7 +243,12 @@ async def open_valkey(
             )
     except (DataDirInUse, UnsafeDataDir) as exc:
         raise click.ClickException(str(exc)) from None
-    client = connect(url, socket_timeout=socket_timeout, socket_connect_timeout=5)
+    ctx = click.get_current_context(silent=True)
+    tls = TLSFiles(**(ctx.meta.get(_TLS_META, {}) if ctx is not None else {}))
+    try:
+        client = connect(url, tls, socket_timeout=socket_timeout, socket_connect_timeout=5)
+    except ValueError as exc:  # a sentinel URL that names no service, TLS files without TLS
+        raise click.BadParameter(str(exc), param_hint="--valkey-url") from None
     try:
         yield client
     finally:

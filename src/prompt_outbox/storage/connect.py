@@ -1,23 +1,29 @@
-"""One URL names a standalone Valkey or a Valkey Cluster: ``valkey+cluster://host:port`` (any
-node: the client discovers the rest), or ``valkeys+cluster://`` with TLS; every other URL is a
-standalone server's, as valkey-py reads it."""
+"""One URL names a standalone Valkey, a Valkey Cluster or a primary watched by Sentinel:
+``valkey+cluster://host:port`` (any node: the client discovers the rest), or
+``valkeys+cluster://`` with TLS; ``valkey+sentinel://host:port,.../service`` (sentinel.py);
+every other URL is a standalone server's, as valkey-py reads it (``valkeys://`` with TLS,
+``user:password@`` an ACL user). ``TLSFiles`` are the CA and client certificate a TLS URL
+uses."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import libvalkey
 from valkey.asyncio import Connection, SSLConnection, UnixDomainSocketConnection, Valkey
 from valkey.asyncio.cluster import NodesManager, ValkeyCluster
 from valkey.asyncio.connection import AbstractConnection
+from valkey.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
 from valkey.cluster import PRIMARY
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import DataError
 
 from .client import Client
+from .sentinel import SENTINEL_SCHEMES, sentinel_client
 
 CLUSTER_SCHEMES = {
     "valkey+cluster": "valkey",
@@ -115,6 +121,14 @@ class _PackedUnixConnection(_PacksInC, UnixDomainSocketConnection):
     """_PacksInC over a Unix socket."""
 
 
+class _PackedSentinelConnection(_PacksInC, SentinelManagedConnection):
+    """_PacksInC to the primary Sentinel names."""
+
+
+class _PackedSentinelSSLConnection(_PacksInC, SentinelManagedSSLConnection):
+    """_PacksInC to the primary Sentinel names, over TLS."""
+
+
 _PACKED_IN_C: dict[type[AbstractConnection], type[AbstractConnection]] = {
     Connection: _PackedConnection,
     SSLConnection: _PackedSSLConnection,
@@ -171,11 +185,60 @@ def _fix_cluster(cluster: ValkeyCluster) -> None:
         node.connection_class = safe
 
 
-def connect(url: str, **options: Any) -> Client:
+_TLS_SCHEMES = frozenset({"valkeys", "rediss"})
+
+
+@dataclass(frozen=True, slots=True)
+class TLSFiles:
+    """The files a TLS connection uses (PEM): ``ca_file`` the CA that signed the server's
+    certificate (default: the system's CAs), ``cert_file`` / ``key_file`` this client's
+    certificate and key when the server asks for one (``tls-auth-clients``)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def options(self, url: str) -> dict[str, Any]:
+        """The client's TLS options for ``url``; ValueError if files are given for a URL
+        without TLS (they would be ignored: a mistake worth saying)."""
+        given = {
+            name: value
+            for name, value in (
+                ("ssl_ca_certs", self.ca_file),
+                ("ssl_certfile", self.cert_file),
+                ("ssl_keyfile", self.key_file),
+            )
+            if value
+        }
+        if not uses_tls(url):
+            if given:
+                raise ValueError(
+                    "TLS files are given but the Valkey URL has no TLS: use valkeys:// "
+                    "(valkeys+cluster://, valkeys+sentinel://)"
+                )
+            return {}
+        # The server's certificate must name the host the URL (or the cluster, or Sentinel)
+        # gives: an IP address needs an IP entry in the certificate.
+        return {"ssl_check_hostname": True, **given}
+
+
+def uses_tls(url: str) -> bool:
+    """Whether ``url``'s scheme speaks TLS."""
+    scheme = url.partition("://")[0].lower()
+    return scheme.partition("+")[0] in _TLS_SCHEMES
+
+
+def connect(url: str, tls: TLSFiles | None = None, **options: Any) -> Client:
     """A client for ``url`` (not yet connected): a ``ValkeyCluster`` for a ``+cluster``
-    scheme (with ``CLUSTER_DEFAULTS``), else a ``Valkey``. ``options`` go to the client
-    (``socket_timeout``...)."""
+    scheme (with ``CLUSTER_DEFAULTS``), a Sentinel-managed ``Valkey`` for a ``+sentinel`` one,
+    else a ``Valkey``. ``tls``: the files of a TLS URL (ValueError on a URL without TLS).
+    ``options`` go to the client (``socket_timeout``...)."""
+    options = {**(tls or TLSFiles()).options(url), **options}
     scheme, _, rest = url.partition("://")
+    if scheme.lower() in SENTINEL_SCHEMES:
+        return sentinel_client(
+            url, _PackedSentinelConnection, _PackedSentinelSSLConnection, **options
+        )
     plain = CLUSTER_SCHEMES.get(scheme.lower())
     if plain is not None:
         cluster = ValkeyCluster.from_url(f"{plain}://{rest}", **{**CLUSTER_DEFAULTS, **options})

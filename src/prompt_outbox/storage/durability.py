@@ -77,7 +77,8 @@ async def _configs(client: Client) -> dict[str, dict[str, str]]:
     if isinstance(client, ValkeyCluster):
         raw = await client.config_get(*_CONFIG, target_nodes=ValkeyCluster.PRIMARIES)  # type: ignore[arg-type]
     else:
-        raw = {address(client): await client.config_get(*_CONFIG)}  # type: ignore[arg-type]
+        config = await client.config_get(*_CONFIG)  # type: ignore[arg-type]
+        raw = {address(client): config}  # after the call: through Sentinel, the primary found
     return {node: {text(k): text(v) for k, v in cfg.items()} for node, cfg in raw.items()}
 
 
@@ -87,7 +88,8 @@ async def _replicas(client: Client) -> dict[str, list[str]]:
     if isinstance(client, ValkeyCluster):
         raw = await client.info("replication", target_nodes=ValkeyCluster.PRIMARIES)
     else:
-        raw = {address(client): await client.info("replication")}
+        replication = await client.info("replication")
+        raw = {address(client): replication}
     return {
         node: [
             f"{value['ip']}:{value['port']}"
