@@ -294,7 +294,7 @@ class Admin:
                 reached(point)
         if busy:
             ws = keys[0].ws
-            log.warning("%s skipped busy sessions", what, extra={"ws": ws, "sessions": busy})
+            log.warning("%s skipped busy sessions", what, extra={"workspace": ws, "sessions": busy})
         return BulkResult(total, tuple(busy))
 
     async def _replace(

@@ -23,6 +23,7 @@ from .fast import AcceptFastPath
 from .guard import RequestGuard
 from .health import DEFAULT_COUNT_INTERVAL, EntryCounts
 from .limits import AcceptRates, RateLimit
+from .requestid import RequestID
 from .streams import StreamGate, StreamLimits
 from .ui import mount_ui
 
@@ -90,14 +91,22 @@ def create_app(
     app.add_middleware(RequestGuard, loopback_only=tokens.disabled, origins=cors_origins)
     # Over the guard too, which reads a chunked body: a body that never ends is cut (408).
     app.add_middleware(Deadline, seconds=deadline)
+    # Over everything but CORS: every answer, a refusal or a cut one too, names its request.
+    app.add_middleware(RequestID)
     if cors_origins:  # added last, so outermost: the fast path's answers get the headers too
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(cors_origins),
             allow_methods=["GET", "POST", "PATCH", "DELETE"],
             # Bearer tokens, never cookies: no credentials mode.
-            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
-            expose_headers=["Idempotent-Replayed", "Retry-After"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "Idempotency-Key",
+                "Last-Event-ID",
+                "X-Request-ID",
+            ],
+            expose_headers=["Idempotent-Replayed", "Retry-After", "X-Request-ID"],
             max_age=600,
         )
     return app

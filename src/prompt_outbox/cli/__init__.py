@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
 from .admin import cleanup, dismiss, list_prompts, park, retry, stats, unpark
 from .demo import demo
+from .logs import with_logging
 from .otel import setup_tracing
 from .serve import openapi, serve, worker
+from .unreachable import Main
 
 
-@click.group()
+@click.group(cls=Main)
+@click.version_option(package_name="prompt-outbox")
 def main() -> None:
     """prompt-outbox: a durable outbox for prompts sent to AI-agent sessions."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # Logging is set up by each command (cli/logs.py: --log-format, --log-level).
     setup_tracing()  # OTEL_* (cli/otel.py): off, and nothing imported, unless asked
 
 
@@ -32,6 +33,6 @@ for command in (
     demo,
     openapi,
 ):
-    main.add_command(command)
+    main.add_command(with_logging(command))
 
 __all__ = ["main"]

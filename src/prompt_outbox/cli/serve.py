@@ -9,10 +9,8 @@ import gc
 import json
 import logging
 import re
-import signal
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import click
 import uvicorn
@@ -34,55 +32,14 @@ from .heads import (
     capped_protocol,
     raise_open_files,
 )
+from .runner import HTTP_PARSERS, LOOPS, Server, on_signals, run_on
 from .stalls import Readers, reader_options
 from .storage import Durability, durability_options, open_outbox, storage_options
 
 log = logging.getLogger("prompt_outbox.cli")
 
 
-class _Server(uvicorn.Server):
-    """uvicorn re-raises a captured SIGTERM once it has stopped, which would kill the process
-    before the workers are joined and the embedded Valkey is stopped: we handle signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    def request_exit(self) -> None:
-        self.should_exit = True
-
-
-LOOPS = ("auto", "uvloop", "asyncio")
-HTTP_PARSERS = ("auto", "httptools", "h11")
 _ORIGIN = re.compile(r"https?://[^/\s]+")  # what a browser sends as Origin: no path
-
-
-def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The event loop to run on: uvloop (``auto``: when it is installed), or asyncio's own
-    (None). uvloop takes CPU off every request (bench/http.py, docs/performance.md)."""
-    if loop == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if loop == "uvloop":
-            raise click.UsageError("--loop uvloop: uvloop is not installed") from None
-        return None
-    return uvloop.new_event_loop
-
-
-def run_on(loop: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """``asyncio.run(main())`` on the chosen loop: serve runs uvicorn inside its own loop, so
-    uvicorn's ``loop`` setting would never apply."""
-    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
-        runner.run(main())
-
-
-def _on_signals(stop: asyncio.Event | _Server) -> None:
-    loop = asyncio.get_running_loop()
-    handler = stop.set if isinstance(stop, asyncio.Event) else stop.request_exit
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, handler)
 
 
 @contextlib.asynccontextmanager
@@ -153,10 +110,11 @@ async def run_api(
         http=capped_protocol(http, edge),
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         access_log=access_log,
-        timeout_graceful_shutdown=5,  # open event streams never end by themselves
+        timeout_graceful_shutdown=5,  # for requests in flight: event streams end at once
+        log_config=None,  # uvicorn's records go to our handler, in our format (cli/logs.py)
     )
-    server = _Server(config)
-    _on_signals(server)
+    server = Server(config, on_exit=outbox.aclose)  # aclose ends the open event streams
+    on_signals(server)
     # What is allocated by now (FastAPI, pydantic, the routes' models) lives as long as the
     # process: out of the collector's sight, full collections under load stay short (p99 of
     # an accept at 32 connections 55 -> 27 ms, bench/http.py).
@@ -433,7 +391,7 @@ def worker(
         )
         async with opened as outbox:
             stop = asyncio.Event()
-            _on_signals(stop)
+            on_signals(stop)
             async with delivering(outbox, chosen):
                 await stop.wait()
 

@@ -248,7 +248,7 @@ class TurnStreams:
                     log.warning(
                         "reporting the end of an opencode turn failed",
                         exc_info=True,
-                        extra={"ws": watch.ws, "ses": watch.ses, "turn": watch.turn},
+                        extra={"workspace": watch.ws, "session": watch.ses, "turn": watch.turn},
                     )
                     return
                 if getattr(result, "ended", True) is not False:

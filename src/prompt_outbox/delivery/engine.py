@@ -21,6 +21,7 @@ from ..core.callbacks import Aborter, Deliverer, Hook, Turn, TurnWatcher, Verdic
 from ..core.entry import Entry, Status, decode_entry
 from ..core.failpoints import CrashPoint, reached
 from ..core.keys import SessionKeys
+from ..core.logctx import about_entry
 from ..core.metrics import Metrics
 from ..core.settings import Tunables
 from ..core.timeutil import Clock, to_ms
@@ -185,17 +186,7 @@ class Engine:
         new = machine.after_send_failure(
             staged, failure, self.clock(), self.tunables, verifier=self.wiring.verifier is not None
         )
-        self._count_rescheduled(new, outcome.value)
-        log.info(
-            "delivery failed",
-            extra={
-                "ws": k.ws,
-                "ses": k.ses,
-                "entry": entry.id,
-                "status": str(new.status),
-                "error": new.last_error,
-            },
-        )
+        self._count_rescheduled(k, new, outcome.value)
         await self._bookkeep(
             "restore",
             lambda: self.store.restore(k, lockval, staged_raw, new.to_json(), self.now_ms()),
@@ -222,8 +213,9 @@ class Engine:
         lockval = hold.lockval
         verifier = self.wiring.verifier
         if verifier is None:
-            self.metrics.failed.inc()
-            await self.swap(k, lockval, raw, machine.no_verifier(entry))
+            new = machine.no_verifier(entry)
+            self._count_rescheduled(k, new, "no_verifier")
+            await self.swap(k, lockval, raw, new)
             return Step.ACTED
         verdict, reason = Verdict.INCONCLUSIVE, "verifier gave no answer"
         async with self.lease(k, lockval):
@@ -242,15 +234,22 @@ class Engine:
             new = machine.after_absent(entry, self.clock(), self.tunables)
         else:
             new = machine.after_inconclusive(entry, reason, self.clock(), self.tunables)
-        self._count_rescheduled(new, verdict.name.lower())
+        self._count_rescheduled(k, new, verdict.name.lower())
         await self.swap(k, lockval, raw, new)
         return Step.ACTED
 
-    def _count_rescheduled(self, new: Entry, reason: str) -> None:
-        if new.status is Status.ERROR:
+    def _count_rescheduled(self, k: SessionKeys, new: Entry, reason: str) -> None:
+        failed = new.status is Status.ERROR
+        if failed:
             self.metrics.failed.inc()
         elif new.status is Status.PENDING:
             self.metrics.retried.labels(reason=reason).inc()
+        # A move to error is for good (until an operator's retry): a WARNING, not news.
+        what = "delivery failed for good" if failed else "delivery failed, to be tried again"
+        about = about_entry(
+            k.ws, k.ses, new.id, attempt=new.attempts, outcome=reason, error=new.last_error
+        )
+        log.log(logging.WARNING if failed else logging.INFO, what, extra=about)
 
     # -- writes after a send (fenced by the lease token, retried through an outage) ---------
 
@@ -297,6 +296,8 @@ class Engine:
             hold.next, hold.ended_early = claimed.next, claimed.ended_early
         reached(CrashPoint.AFTER_COMPLETE)
         self.metrics.delivered.labels(via=via).inc()
+        about = about_entry(k.ws, k.ses, entry.id, attempt=entry.attempts, outcome=via)
+        log.info("delivered", extra=about)
         waited = (self.clock() - entry.accepted_at).total_seconds()
         self.metrics.accept_to_delivered_seconds.observe(max(0.0, waited))
         await self.notify(k, entry, hold)
@@ -364,7 +365,7 @@ class Engine:
         self.metrics.aborts.labels(outcome="failed" if failure else "asked").inc()
         log.info(
             "abort of the turn in flight asked",
-            extra={"ws": ws, "ses": ses, "entry": entry_id, "error": repr(failure or "")},
+            extra=about_entry(ws, ses, entry_id, error=repr(failure or "")),
         )
 
     async def _bounded(self, call: Awaitable[T]) -> tuple[T | None, BaseException | None]:
@@ -392,9 +393,7 @@ class Engine:
         try:
             await hook(k.ws, k.ses, entry)
         except Exception:
-            log.exception(
-                "%s hook failed", name, extra={"ws": k.ws, "ses": k.ses, "entry": entry.id}
-            )
+            log.exception("%s hook failed", name, extra=about_entry(k.ws, k.ses, entry.id))
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -405,7 +404,8 @@ class Engine:
         done = await self.store.requeue(k, lockval, to_ms(now), staged, new)
         if done.count:
             log.warning(
-                "recovered staged entries", extra={"ws": k.ws, "ses": k.ses, "count": done.count}
+                "recovered staged entries",
+                extra={"workspace": k.ws, "session": k.ses, "count": done.count},
             )
         return done.count
 
@@ -414,7 +414,7 @@ class Engine:
         lockval = self.lock_value()
         got = await self.store.acquire(k, lockval, self.lease_ms, self.now_ms())
         if got.kind in (Acquire.BUSY, Acquire.TURN):
-            log.info("recover skipped a busy session", extra={"ws": k.ws, "ses": k.ses})
+            log.info("recover skipped a busy session", extra={"workspace": k.ws, "session": k.ses})
             return 0
         try:
             if got.kind is Acquire.STAGED:

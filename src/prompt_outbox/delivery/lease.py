@@ -135,8 +135,10 @@ class Kept:
         k = self._k
         try:
             if not await self._store.renew(k, self._lockval, self._lease_ms, self._now_ms()):
-                log.warning("lease lost mid-delivery", extra={"ws": k.ws, "ses": k.ses})
+                log.warning("lease lost mid-delivery", extra={"workspace": k.ws, "session": k.ses})
                 return
         except TRANSIENT_ERRORS as exc:
-            log.warning("lease renewal failed: %s", exc, extra={"ws": k.ws, "ses": k.ses})
+            log.warning(
+                "lease renewal failed: %s", exc, extra={"workspace": k.ws, "session": k.ses}
+            )
         self._schedule()

@@ -120,7 +120,7 @@ class Maintenance:
         lost in a restart. SCAN finds them; the registry cannot."""
         registered = await self.store.walk.workspaces()
         for ws in sorted(await self.store.walk.scan_workspaces() - registered.keys()):
-            log.warning("a workspace missing from the registry was found", extra={"ws": ws})
+            log.warning("a workspace missing from the registry was found", extra={"workspace": ws})
             await self.store.due.mark(ws, now_ms)
 
     async def fire_owed_hooks(self, w: WorkspaceKeys) -> int:
@@ -134,7 +134,7 @@ class Maintenance:
         for ses, entry_id, raw in owed:
             log.warning(
                 "firing an OnDelivered its worker never made",
-                extra={"ws": w.ws, "ses": ses, "entry": entry_id},
+                extra={"workspace": w.ws, "session": ses, "entry": entry_id},
             )
             self.metrics.hooks_refired.inc()
             await self.engine.notify(SessionKeys(w.ws, ses), decode_entry(raw))
@@ -178,7 +178,10 @@ class Maintenance:
         settled = 0
         async with self.engine.holding(k) as lockval:
             if lockval is None:
-                log.info("ledger sweep skipped a busy session", extra={"ws": k.ws, "ses": k.ses})
+                log.info(
+                    "ledger sweep skipped a busy session",
+                    extra={"workspace": k.ws, "session": k.ses},
+                )
                 return 0
             snap = await self.store.snapshot(k)
             if snap.staging:  # recovered first, as for every operator action
@@ -192,7 +195,9 @@ class Maintenance:
                     async with asyncio.timeout(self.tunables.delivery_timeout):
                         state = await probe(k.ws, k.ses, e.id, machine.current_attempt(e))
                 except Exception as exc:
-                    log.info("ledger probe failed: %s", exc, extra={"ws": k.ws, "entry": e.id})
+                    log.info(
+                        "ledger probe failed: %s", exc, extra={"workspace": k.ws, "entry": e.id}
+                    )
                     continue
                 reached(CrashPoint.SWEEP_AFTER_PROBE)
                 if state in LEDGER_DELIVERED:

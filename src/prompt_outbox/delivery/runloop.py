@@ -29,6 +29,7 @@ from typing import Any
 
 from ..core.callbacks import Deliverer, Wiring
 from ..core.keys import SessionKeys, WorkspaceKeys
+from ..core.logctx import log_context
 from ..core.settings import Tunables
 from ..storage.dueindex import Mark, Visit, parse_abort
 from ..storage.shardsub import ShardSubscriber
@@ -371,12 +372,14 @@ class RunLoop:
         return finished
 
     async def _drain(self, k: SessionKeys) -> None:
-        try:
-            await self.engine.drain(k, self.deliverer, stopping=lambda: self.stopping)
-        except TRANSIENT_ERRORS as exc:
-            log.warning("session step interrupted: %s", exc, extra={"ws": k.ws, "ses": k.ses})
-        except Exception:
-            log.exception("session step failed", extra={"ws": k.ws, "ses": k.ses})
+        # Every record of the step (the engine's, the deliverer's) names its session.
+        with log_context(workspace=k.ws, session=k.ses):
+            try:
+                await self.engine.drain(k, self.deliverer, stopping=lambda: self.stopping)
+            except TRANSIENT_ERRORS as exc:
+                log.warning("session step interrupted: %s", exc)
+            except Exception:
+                log.exception("session step failed")
 
     def _heard(self, channel: str, ws: str | None) -> None:
         """A mark published its workspace (visit it at once), an interrupt asks for an abort

@@ -97,7 +97,7 @@ class Turns:
             log.warning(
                 "the deliverer returned %r, not a Turn or None: no turn held",
                 type(result).__name__,
-                extra={"ws": k.ws, "ses": k.ses, "entry": entry_id},
+                extra={"workspace": k.ws, "session": k.ses, "entry": entry_id},
             )
             return None
         t = self.tunables
@@ -143,7 +143,13 @@ class Turns:
         self.metrics.turn_seconds.observe(seconds)
         log.info(
             "turn ended",
-            extra={"ws": k.ws, "ses": k.ses, "turn": turn_id, "why": why, "seconds": seconds},
+            extra={
+                "workspace": k.ws,
+                "session": k.ses,
+                "turn": turn_id,
+                "why": why,
+                "seconds": seconds,
+            },
         )
         return TurnEnd(True, seconds)
 
@@ -200,7 +206,12 @@ class Turns:
         self.metrics.aborts.labels(outcome="failed" if failure else "asked").inc()
         log.info(
             "abort of the turn asked",
-            extra={"ws": k.ws, "ses": k.ses, "turn": hold.turn, "error": repr(failure or "")},
+            extra={
+                "workspace": k.ws,
+                "session": k.ses,
+                "turn": hold.turn,
+                "error": repr(failure or ""),
+            },
         )
 
     async def _bounded(self, call: Awaitable[T]) -> tuple[T | None, BaseException | None]:

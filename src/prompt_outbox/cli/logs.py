@@ -1,0 +1,148 @@
+"""One logging setup for every command: ``--log-format text|json`` and ``--log-level``
+(``PROMPT_OUTBOX_LOG_FORMAT`` / ``PROMPT_OUTBOX_LOG_LEVEL``), one handler on stderr that
+uvicorn's records reach too (``serve`` starts uvicorn with ``log_config=None``).
+
+Both formats print a record's context fields: what the call passed as ``extra=`` and what
+is bound around it (``core/logctx.py``: the workspace and session of a delivery step, an
+HTTP request's ID). text: ``time LEVEL logger message key=value ...``; json: one object a
+line, ``time``, ``level``, ``logger``, ``message``, then every field. Hand-written rather
+than python-json-logger or structlog: both formats need the same split of a record's
+context from its own attributes, after which JSON is one ``json.dumps``; structlog would
+change every call site and still need a bridge for uvicorn's stdlib records.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from ..core.logctx import log_fields
+
+FORMATS = ("text", "json")
+LEVELS = ("debug", "info", "warning", "error")
+
+# A record's own attributes: whatever else it holds came from extra= or the bound context.
+_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",  # uvicorn's copy of the message with terminal colours
+}
+# Logged at INFO once per HTTP call a deliverer makes: shown at --log-level debug only.
+_CHATTY = ("httpx", "httpcore")
+
+
+class ContextFilter(logging.Filter):
+    """Copies the bound context (``log_context``) onto the record, under what ``extra=``
+    already set. On the handler, so that every logger's records get it, uvicorn's too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in log_fields().items():
+            if key not in record.__dict__:
+                setattr(record, key, value)
+        return True
+
+
+def context_of(record: logging.LogRecord) -> dict[str, Any]:
+    """The record's context fields, by name."""
+    return {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS}
+
+
+def _when(record: logging.LogRecord) -> str:
+    return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger message key=value ...``; a value with a space, quote or ``=`` in
+    it is quoted (JSON string rules), so that a line splits back into its fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{_when(record)} {record.levelname} {record.name} {record.getMessage()}"
+        pairs = [f"{k}={_text_value(v)}" for k, v in context_of(record).items()]
+        if pairs:
+            line += " " + " ".join(pairs)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _text_value(value: object) -> str:
+    text = str(value)
+    if not text or any(c in text for c in ' "=\n\t') or not text.isprintable():
+        return json.dumps(text)
+    return text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, every context field, and the
+    traceback (``exception``) if any. A value JSON cannot carry is written as its str()."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": _when(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in context_of(record).items():
+            doc.setdefault(key, value)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str, ensure_ascii=False)
+
+
+def setup_logging(fmt: str = "text", level: str = "info") -> None:
+    """Replace the root logger's handlers by one on stderr in ``fmt``, at ``level``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(ContextFilter())
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    number = logging.getLevelName(level.upper())
+    root.setLevel(number)
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(max(number, logging.WARNING))
+
+
+def with_logging(command: click.Command) -> click.Command:
+    """``command`` with --log-format and --log-level, logging set up before it runs; and
+    every option with an environment variable shows it in ``--help``."""
+    command.params += [
+        click.Option(
+            ["--log-format"],
+            type=click.Choice(FORMATS),
+            default="text",
+            show_default=True,
+            envvar="PROMPT_OUTBOX_LOG_FORMAT",
+            help="text: one line a record, its context as key=value; json: one object a line",
+        ),
+        click.Option(
+            ["--log-level"],
+            type=click.Choice(LEVELS, case_sensitive=False),
+            default="info",
+            show_default=True,
+            envvar="PROMPT_OUTBOX_LOG_LEVEL",
+            help="the least severe records written (on stderr)",
+        ),
+    ]
+    for param in command.params:
+        if isinstance(param, click.Option) and param.envvar:
+            param.show_envvar = True
+    run = command.callback
+    assert run is not None  # every command of ours has one
+
+    @functools.wraps(run)
+    def logged(*args: Any, log_format: str, log_level: str, **kwargs: Any) -> Any:
+        setup_logging(log_format, log_level)
+        return run(*args, **kwargs)
+
+    command.callback = logged
+    return command

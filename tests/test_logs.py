@@ -1,0 +1,145 @@
+"""Logs (cli/logs.py): a real ``serve`` in JSON names each delivery's workspace, session and
+entry, logs a failure for good as a WARNING, gives every request an ID (on the answer and on
+its records), and prints uvicorn's own lines as JSON; --log-level hides what is under it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from click.testing import CliRunner
+
+from prompt_outbox.cli import main
+from prompt_outbox.cli.logs import ContextFilter, JsonFormatter, TextFormatter
+from prompt_outbox.core.logctx import log_context
+from prompt_outbox.embedded import free_port
+from tests.test_serve import BIN, wait_healthy
+from tests.test_webhook import SECRET, receiver
+
+WS = "acme"
+
+
+@contextmanager
+def logged_service(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
+    """``serve`` with its stderr in ``log``; its port. Stopped by SIGTERM at the end."""
+    port = free_port()
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [BIN, "serve", "--no-auth", "--port", str(port), *args],
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            stderr=err,
+        )
+    try:
+        wait_healthy(port)
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def records(log: Path) -> list[dict[str, Any]]:
+    """Every line of ``log`` that is not the --no-auth warning, each parsed as JSON (a line
+    that is not JSON fails the test)."""
+    lines = log.read_text().splitlines()
+    return [json.loads(line) for line in lines if not line.startswith("WARNING: authentication")]
+
+
+def wait_for(log: Path, found: Any, timeout: float = 30) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = [r for r in records(log) if found(r)]
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"no such record in {log.read_text()}")
+
+
+def test_json_logs_name_each_delivery_and_failed_for_good_is_a_warning(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    args = ["--data-dir", str(tmp_path / "data"), "--log-format", "json", "--access-log"]
+    args += ["--tunables", '{"max_attempts": 1}']
+    env = {"PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}
+    with receiver() as agent, logged_service([*args, "--webhook-url", agent.url], log, env) as port:
+        agent.actions = [400]  # definitive, and one attempt allowed: error at once
+        base = f"http://127.0.0.1:{port}/v1/workspaces/{WS}/sessions"
+        failed = httpx.post(f"{base}/s-fail/prompts", json={"clientMessageID": "m1", "text": "x"})
+        assert failed.status_code == 202
+        [gave_up] = wait_for(log, lambda r: r["message"] == "delivery failed for good")
+        sent = httpx.post(
+            f"{base}/s-ok/prompts",
+            json={"clientMessageID": "m2", "text": "y"},
+            headers={"X-Request-ID": "client-chosen-42"},
+        )
+        assert sent.headers["x-request-id"] == "client-chosen-42"
+        [delivered] = wait_for(log, lambda r: r["message"] == "delivered")
+        hostile = "a" * 129
+        for bad in (hostile, "two words", "tab\there"):
+            answer = httpx.get(f"{base}/s-ok/prompts", headers={"X-Request-ID": bad})
+            assert answer.status_code == 200 and answer.headers["x-request-id"] != bad
+            assert len(answer.headers["x-request-id"]) == 32  # one we made
+        made = httpx.get(f"{base}/s-ok/prompts").headers["x-request-id"]
+        wait_for(log, lambda r: r.get("request_id") == made)
+    assert gave_up["level"] == "WARNING"
+    assert (gave_up["workspace"], gave_up["session"]) == (WS, "s-fail")
+    assert gave_up["entry"] == failed.json()["id"] and gave_up["attempt"] == 1
+    assert gave_up["outcome"] == "definitive" and "400" in gave_up["error"]
+    assert delivered["level"] == "INFO"
+    assert (delivered["workspace"], delivered["session"]) == (WS, "s-ok")
+    assert delivered["entry"] == sent.json()["id"]
+    everything = records(log)  # every line parsed as JSON, uvicorn's included
+    assert {"time", "level", "logger", "message"} <= set(everything[0])
+    started = [r for r in everything if r["message"].startswith("Uvicorn running on")]
+    assert started and started[0]["logger"] == "uvicorn.error"
+    # The access log line of the client's request carries its ID; a hostile one is nowhere.
+    ids = [r.get("request_id") for r in everything if r["logger"] == "uvicorn.access"]
+    assert "client-chosen-42" in ids and made in ids
+    assert hostile not in log.read_text()
+
+
+def test_log_level_warning_hides_info_and_the_variable_sets_the_format(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+
+    def stats(*more: str, env: dict[str, str] | None = None) -> str:
+        run = CliRunner().invoke(main, ["stats", "--data-dir", data, *more], env=env)
+        assert run.exit_code == 0, run.output
+        return run.stderr
+
+    said = stats(env={"PROMPT_OUTBOX_LOG_FORMAT": "json"})
+    started = [json.loads(line) for line in said.splitlines()]
+    assert any(r["level"] == "INFO" and "embedded Valkey" in r["message"] for r in started)
+    assert "embedded Valkey" not in stats("--log-format", "json", "--log-level", "warning")
+    assert "embedded Valkey" not in stats(env={"PROMPT_OUTBOX_LOG_LEVEL": "warning"})
+
+
+def _record(**extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("prompt_outbox.x", logging.WARNING, "", 0, "sent %s", ("it",), None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_the_text_format_prints_the_context_as_key_value() -> None:
+    record = _record(workspace="acme", error='agent said "no" = refused')
+    with log_context(session="chat-1", workspace="bound"):
+        ContextFilter().filter(record)
+    line = TextFormatter().format(record)
+    assert line.endswith(
+        ' WARNING prompt_outbox.x sent it workspace=acme error="agent said \\"no\\" = refused" '
+        "session=chat-1"
+    )  # the record's own workspace wins over the bound one
+    doc = json.loads(JsonFormatter().format(record))
+    assert (doc["message"], doc["workspace"], doc["session"]) == ("sent it", "acme", "chat-1")
