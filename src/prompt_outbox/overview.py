@@ -12,6 +12,7 @@ are read in one script (``Store.tally``).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,11 +21,14 @@ from typing import Generic, TypeVar
 
 from .core.entry import Status
 from .core.errors import InvalidInput
-from .core.keys import check_id, workspace_keys
+from .core.keys import check_id, session_keys, workspace_keys
+from .core.metrics import FleetCounts
 from .core.settings import Tunables
 from .core.timeutil import Clock, to_ms
+from .core.turns import decode_turn
 from .delivery.lease import hold_times
 from .storage.replies import SessionTally, Tally
+from .storage.series import SERIES_SLOTS, LoggedEvent, Series, SeriesMinute
 from .storage.store import Store
 
 T = TypeVar("T")
@@ -37,6 +41,11 @@ WORKSPACE_CURSOR = r"^(|[0-7]:[0-9]{1,19}:[0-9]{1,9})$"
 """A workspaces page's cursor: ``bucket:hscan-cursor:skip`` (``Walk.workspace_page``;
 ``BUCKETS`` is 8 and 19 digits stay below HSCAN's 2**64), or '' to start; for a token's own
 workspaces, an offset."""
+MAX_SERIES_MINUTES = SERIES_SLOTS // 2
+"""The most minutes a series answer covers: the ring keeps twice that, so the oldest pending
+entry as it stood before the first minute shown is known."""
+MAX_HISTORY = 200
+"""The most events of a session's log that one history read looks at."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,92 @@ class SessionSummary:
     in_turn_for: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    """One minute of a workspace's series: its start (ms since the epoch), prompts accepted,
+    delivered and failed (moved into error) in it, and how long the oldest pending entry had
+    waited at its end (seconds; 0 when none was pending; None when not known: nothing
+    recorded since two hours before)."""
+
+    start_ms: int
+    accepted: int
+    delivered: int
+    failed: int
+    oldest_pending_for: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A delivered prompt of a session's recent history: its entry ID, when it was claimed
+    sent (ms, Valkey's clock), and its turn: None (no turn), or the turn's ID, how long it
+    took (seconds; None while it runs, or when its end is no longer in the log) and why it
+    ended ('' while it runs)."""
+
+    id: str
+    sent_ms: int
+    turn: str | None = None
+    turn_seconds: float | None = None
+    turn_why: str = ""
+
+
+def series_points(
+    rows: Sequence[SeriesMinute], oldest_now: int | None, now_ms: int, minutes: int
+) -> list[SeriesPoint]:
+    """The last ``minutes`` minutes up to ``now_ms`` from the recorded ``rows``: a minute with
+    no row counted nothing, and its oldest pending entry is the last recorded one before it
+    (only accepts, deliveries and failures record it: a stage, retry or dismiss in between
+    shows at the next of those); the current minute's is ``oldest_now``, read now."""
+    current = now_ms // 60000
+    first = current - minutes + 1
+    by_minute = {r.minute: r for r in rows if current - SERIES_SLOTS < r.minute <= current}
+    known, oldest = False, None
+    for m in sorted(by_minute):
+        if m < first:
+            known, oldest = True, by_minute[m].oldest_pending_ms
+    points = []
+    for m in range(first, current + 1):
+        row = by_minute.get(m)
+        if row is not None:
+            known, oldest = True, row.oldest_pending_ms
+        if m == current:
+            known, oldest = True, oldest_now
+        end = min((m + 1) * 60000, now_ms)
+        age = None if not known else 0.0 if oldest is None else max(0.0, (end - oldest) / 1000)
+        a, d, f = (row.accepted, row.delivered, row.failed) if row else (0, 0, 0)
+        points.append(SeriesPoint(m * 60000, a, d, f, age))
+    return points
+
+
+def history(events: Sequence[LoggedEvent]) -> list[Delivered]:
+    """The delivered prompts among ``events`` (newest first, as read), newest first, each
+    with its turn: the ``sent`` event, its ``turn`` (the claim's) and its ``turn_ended``."""
+    ended: dict[str, tuple[float | None, str]] = {}
+    turns: dict[str, str] = {}
+    out = []
+    for ev in events:  # newest first: an end is met before its turn, a turn before its send
+        if ev.kind == "turn_ended":
+            body = _json(ev.body)
+            seconds = body.get("seconds")
+            took = float(seconds) if isinstance(seconds, int | float) else None
+            ended.setdefault(ev.entry, (took, str(body.get("why", ""))))
+        elif ev.kind == "turn":
+            hold = decode_turn(ev.body)
+            turns.setdefault(ev.entry, hold.turn if hold else "")
+        elif ev.kind == "sent":
+            turn = turns.get(ev.entry)
+            took, why = ended.get(ev.entry, (None, "")) if turn is not None else (None, "")
+            out.append(Delivered(ev.entry, ev.at_ms, turn, took, why))
+    return out
+
+
+def _json(raw: str) -> dict[str, object]:
+    try:
+        got = json.loads(raw)
+    except ValueError:
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 def _counts(tally: Tally, now: datetime) -> Counts:
     return Counts(tally.by_status, _since(tally.oldest_pending_ms, now))
 
@@ -110,6 +205,7 @@ class Overview:
         self._store = store
         self._tunables = tunables
         self._clock = clock
+        self._series = Series(store.walk.client)
 
     async def workspaces(
         self, cursor: str = "", limit: int = 20, *, only: Sequence[str] | None = None
@@ -152,3 +248,36 @@ class Overview:
             held, in_turn, _ = hold_times(t.lock_value, t.lock_pttl_ms, now, lock_ttl)
             blocked = held if counts.by_status[Status.PENDING] > 0 else None
         return SessionSummary(t.ses, counts, _since(t.sent_ms, now), blocked, in_turn)
+
+    async def series(self, ws: str, minutes: int = MAX_SERIES_MINUTES) -> list[SeriesPoint]:
+        """The workspace's last ``minutes`` minutes (1 to ``MAX_SERIES_MINUTES``), oldest
+        first: prompts accepted, delivered and failed each minute, and the oldest pending
+        entry's age at its end. Two small reads, whatever the workspace holds."""
+        if not 1 <= minutes <= MAX_SERIES_MINUTES:
+            raise InvalidInput(f"minutes must be 1 to {MAX_SERIES_MINUTES}, got {minutes}")
+        rows, oldest_now = await self._series.minutes(workspace_keys(ws))
+        return series_points(rows, oldest_now, to_ms(self._clock()), minutes)
+
+    async def history(self, ws: str, ses: str, limit: int = MAX_HISTORY) -> list[Delivered]:
+        """The session's recently delivered prompts, newest first, with their turns: from
+        the newest ``limit`` events of its log (1 to ``MAX_HISTORY``; the log keeps
+        ``event_log_len`` events for ``event_log_ttl``)."""
+        if not 1 <= limit <= MAX_HISTORY:
+            raise InvalidInput(f"limit must be 1 to {MAX_HISTORY}, got {limit}")
+        return history(await self._series.recent_events(session_keys(ws, ses), limit))
+
+    async def fleet_counts(self) -> FleetCounts:
+        """What the /metrics gauges show of every workspace: the entries by status, the
+        oldest pending entry and the sessions held in turn, in one walk of O(workspaces)
+        small reads (no entry read)."""
+        total: dict[str, int] = {}
+        oldest: int | None = None
+        in_turn = 0
+        async for t, held in self._store.walk.all_tallies_and_turns():
+            for status, n in t.tally.by_status.items():
+                total[status] = total.get(status, 0) + n
+            first = t.tally.oldest_pending_ms
+            if first is not None and (oldest is None or first < oldest):
+                oldest = first
+            in_turn += held
+        return FleetCounts({s: n for s, n in total.items() if n}, oldest, in_turn)

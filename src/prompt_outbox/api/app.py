@@ -73,7 +73,8 @@ def create_app(
     # The list and events routes charge what their answers hold.
     app.state.answers = AnswerBuffers(answers or AnswerLimits(), outbox.metrics)
     app.state.accept_rates = AcceptRates(accept_rate or RateLimit())  # the accept takes one
-    app.state.entry_counts = EntryCounts(outbox.count_by_status, count_interval)  # /metrics
+    # /metrics: its gauges' counts
+    app.state.entry_counts = EntryCounts(outbox.overview.fleet_counts, count_interval)
     routers = (
         prompts.router,
         turns.router,

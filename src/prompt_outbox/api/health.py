@@ -1,8 +1,9 @@
 """Unauthenticated probes: liveness, readiness (Valkey answers), and Prometheus metrics.
 
-``/metrics`` costs O(1) in the data held: the process's counters, and the entries-by-status
-gauge from the last count. Counting reads the totals the transitions keep, a few fields a
-workspace (O(workspaces), never an entry), and still runs at most once per
+``/metrics`` costs O(1) in the data held: the process's counters, and the gauges from the last
+count (entries by status, the oldest pending entry, the sessions in turn). Counting reads the
+totals the transitions keep, a few fields a workspace (O(workspaces), never an entry), and
+still runs at most once per
 ``EntryCounts.interval`` whatever the scrape rate: a scrape that finds the count older than
 that recounts (one at a time; the scrapes meanwhile get the last count), and an attacker who
 scrapes in a loop costs one count per interval, not one per request.
@@ -14,12 +15,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Generic, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from ..core.metrics import CONTENT_TYPE
+from ..core.metrics import CONTENT_TYPE, FleetCounts
 from ..storage.store import TRANSIENT_ERRORS
 from .errors import ERROR_WHY, ErrorBody
 from .params import OutboxDep
@@ -30,15 +31,16 @@ DEFAULT_COUNT_INTERVAL = 30.0
 """Seconds between two counts of the entries by status (the gauge is at most this old)."""
 
 router = APIRouter()
+T = TypeVar("T")
 
 
-class EntryCounts:
-    """The entries-by-status gauge's numbers, recounted at most once per ``interval`` seconds
-    (0: never counted, no gauge). ``count`` is ``Outbox.count_by_status``, O(workspaces)."""
+class EntryCounts(Generic[T]):
+    """The gauges' numbers, recounted at most once per ``interval`` seconds (0: never
+    counted, no gauge). ``count`` is ``Outbox.overview.fleet_counts``, O(workspaces)."""
 
     def __init__(
         self,
-        count: Callable[[], Awaitable[dict[str, int]]],
+        count: Callable[[], Awaitable[T]],
         interval: float = DEFAULT_COUNT_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -47,14 +49,14 @@ class EntryCounts:
         self.interval = interval
         self._count = count
         self._clock = clock
-        self.latest: dict[str, int] | None = None
+        self.latest: T | None = None
         """The last count, or None before the first."""
         self.counted_at = 0.0
         """When the last count was taken (wall clock, seconds since the epoch)."""
         self._taken = -float("inf")  # the monotonic clock's reading at the last count
         self._running: asyncio.Future[None] | None = None
 
-    async def get(self) -> dict[str, int] | None:
+    async def get(self) -> T | None:
         """The last count; a new one first when it is ``interval`` old. Only the first ever
         waits for its count; later scrapes get the last one while a single recount runs."""
         if not self.interval or self._clock() - self._taken < self.interval:
@@ -78,13 +80,13 @@ class EntryCounts:
             self._running = None
 
 
-async def get_counts(request: Request) -> EntryCounts:
+async def get_counts(request: Request) -> EntryCounts[FleetCounts]:
     """The app's entry counts (``create_app`` puts them on ``app.state``)."""
-    counts: EntryCounts = request.app.state.entry_counts
+    counts: EntryCounts[FleetCounts] = request.app.state.entry_counts
     return counts
 
 
-CountsDep = Annotated[EntryCounts, Depends(get_counts)]
+CountsDep = Annotated[EntryCounts[FleetCounts], Depends(get_counts)]
 
 
 @router.get("/healthz")
@@ -102,7 +104,8 @@ async def readyz(outbox: OutboxDep) -> dict[str, str]:
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
 async def metrics(outbox: OutboxDep, counts: CountsDep) -> Response:
-    """Prometheus text: this process's counters and histograms, and the entries by status as
-    last counted (at most ``--metrics-count-interval`` seconds ago)."""
+    """Prometheus text: this process's counters and histograms, its process metrics, and the
+    entries by status, the oldest pending entry and the sessions in turn as last counted (at
+    most ``--metrics-count-interval`` seconds ago)."""
     body = outbox.metrics.render(await counts.get(), counts.counted_at)
     return Response(body, media_type=CONTENT_TYPE)

@@ -151,3 +151,38 @@ class MeOut(BaseModel):
     user: str
     admin: bool
     workspaces: list[str] = Field(description="the workspaces the token may use (admin: any)")
+
+
+class MinuteOut(BaseModel):
+    """One minute of a workspace's series."""
+
+    at: str = Field(description="the minute's start, RFC 3339")
+    accepted: int = Field(description="prompts accepted in the minute")
+    delivered: int = Field(description="prompts claimed delivered in the minute")
+    failed: int = Field(description="prompts moved into error in the minute")
+    oldestPendingFor: int | None = Field(
+        description=f"how long the oldest pending entry had waited at the minute's end ({_NANOS});"
+        " 0 when none was pending, null when not known"
+    )
+
+
+class SeriesOut(BaseModel):
+    minutes: list[MinuteOut] = Field(description="oldest first, the current minute last")
+
+
+class DeliveredOut(BaseModel):
+    """A delivered prompt of a session's recent history."""
+
+    id: str = Field(description="the entry ID")
+    sentAt: str = Field(description="when its send was claimed (RFC 3339, Valkey's clock)")
+    turn: str | None = Field(description="the agent turn it started; null: none")
+    turnFor: int | None = Field(
+        description=f"how long its turn took ({_NANOS}); null while it runs or when unknown"
+    )
+    turnEnded: str | None = Field(
+        description="why its turn ended (ended, ceiling, unreachable...); null while it runs"
+    )
+
+
+class HistoryOut(BaseModel):
+    delivered: list[DeliveredOut] = Field(description="newest first")

@@ -60,6 +60,7 @@ WORKSPACE_KEY_PREFIXES: tuple[str, ...] = (
     "outboxlogbytes:",
     "outboxturns:",
     "outboxturnend:",
+    "outboxseries:",
 )
 """The prefix of every key that belongs to one workspace: each is ``<prefix>{<ws>}``, alone
 or followed by ``:`` and the rest. Cleanup deletes exactly the keys under these
@@ -213,6 +214,13 @@ class WorkspaceKeys:
         """HASH session -> owner: the workspace's turns held by a running worker (core/turns.py),
         where another looks for them when that worker's heartbeat lapses (``OWNERS``)."""
         return f"outboxturns:{{{self.ws}}}"
+
+    @property
+    def series(self) -> str:
+        """HASH, a ring of per-minute fields: the workspace's prompts accepted, delivered and
+        failed each minute, and its oldest pending entry then (``lib.lua`` ``series``; read by
+        ``storage/series.py``). Expires two hours after its last minute."""
+        return f"outboxseries:{{{self.ws}}}"
 
     @property
     def bucket(self) -> BucketKeys:

@@ -1,21 +1,44 @@
 """Prometheus metrics of one process: counters and latency histograms fed by the Outbox, and
 the entries-by-status gauge counted from Valkey (every replica sees the same), at most once
-per interval (api/health.py)."""
+per interval (api/health.py), with the oldest pending entry and the sessions in turn; and the
+process's own CPU, memory, file descriptors and Python version (prometheus_client's process and
+platform collectors)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from .entry import Status
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "FleetCounts", "Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _DELIVERY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _TURN_BUCKETS = (1.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0, 7200.0)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCounts:
+    """What every replica reads alike from Valkey for the gauges: the entries by status, the
+    oldest pending entry's ``acceptedAt`` (ms; None when nothing is pending), and the sessions
+    held in turn by a worker (``outboxturns``)."""
+
+    by_status: Mapping[str, int]
+    oldest_pending_ms: int | None = None
+    in_turn: int = 0
 
 
 class Metrics:
@@ -24,6 +47,11 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_* (CPU, resident memory, open fds, start time) and python_info: "process
+        # down" and memory alerts need them. The default registry has them; ours is our own.
+        # Linux only (/proc): elsewhere the process collector yields nothing.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self.accepted = Counter("prompt_outbox_accepted", "Prompts accepted.", registry=r)
         self.duplicates = Counter(
             "prompt_outbox_duplicates", "Accepts answered as duplicates.", registry=r
@@ -162,6 +190,18 @@ class Metrics:
             "When prompt_outbox_entries was counted (seconds since the epoch).",
             registry=r,
         )
+        self.oldest_pending = Gauge(
+            "prompt_outbox_oldest_pending_seconds",
+            "How long the oldest pending entry of any workspace has waited since its accept "
+            "(0: none pending), from the last count; the backlog alert's input.",
+            registry=r,
+        )
+        self.in_turn = Gauge(
+            "prompt_outbox_in_turn",
+            "Sessions held in turn by a running worker (the agent working on a delivered "
+            "prompt), as last counted. Turns sent by deliver_once (no worker) are not counted.",
+            registry=r,
+        )
         self.streams_fell_behind = Counter(
             "prompt_outbox_streams_fell_behind",
             "Event streams (watches) ended because their reader fell behind, by the bound: "
@@ -195,11 +235,21 @@ class Metrics:
             registry=r,
         )
 
-    def render(self, by_status: Mapping[str, int] | None, counted_at: float = 0.0) -> bytes:
-        """The text exposition, with the gauge set from a count of the entries taken at
-        ``counted_at`` (seconds since the epoch); None: no count yet, no gauge."""
-        if by_status is not None:
-            for status in Status:
-                self.entries.labels(status=str(status)).set(by_status.get(str(status), 0))
-            self.entries_counted.set(counted_at)
+    def render(
+        self, counts: FleetCounts | Mapping[str, int] | None, counted_at: float = 0.0
+    ) -> bytes:
+        """The text exposition, with the gauges set from a count taken at ``counted_at``
+        (seconds since the epoch): a ``FleetCounts``, or the entries by status alone; None:
+        no count yet, no gauge. The oldest pending entry's age is taken now, from its
+        ``acceptedAt`` as counted: it grows between counts, as the backlog's does."""
+        if counts is None:
+            return generate_latest(self.registry)
+        fleet = counts if isinstance(counts, FleetCounts) else FleetCounts(counts)
+        for status in Status:
+            self.entries.labels(status=str(status)).set(fleet.by_status.get(str(status), 0))
+        self.entries_counted.set(counted_at)
+        oldest = fleet.oldest_pending_ms
+        age = 0.0 if oldest is None else max(0.0, time.time() - oldest / 1000)
+        self.oldest_pending.set(age)
+        self.in_turn.set(fleet.in_turn)
         return generate_latest(self.registry)

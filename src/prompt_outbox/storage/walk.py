@@ -136,10 +136,26 @@ class Walk:
     async def all_tallies(self) -> AsyncIterator[WorkspaceTally]:
         """``workspace_tallies`` of every registered workspace, in pipelined batches: the
         entry counts (``stats``, the metrics gauge) at O(workspaces), no entry read."""
+        async for tally, _ in self.all_tallies_and_turns(with_turns=False):
+            yield tally
+
+    async def all_tallies_and_turns(
+        self, *, with_turns: bool = True
+    ) -> AsyncIterator[tuple[WorkspaceTally, int]]:
+        """``all_tallies``, each with the workspace's sessions held in turn by a worker (HLEN
+        of ``outboxturns``, one more small read a workspace in the same batches; 0 unasked)."""
         registered = sorted(await self.workspaces())
         for i in range(0, len(registered), _WALK_BATCH):
-            for tally in await self.workspace_tallies(registered[i : i + _WALK_BATCH]):
-                yield tally
+            batch = registered[i : i + _WALK_BATCH]
+            tallies = await self.workspace_tallies(batch)
+            held = [0] * len(batch)
+            if with_turns:
+                pipe = self.client.pipeline(transaction=False)
+                for ws in batch:
+                    pipe.hlen(WorkspaceKeys(ws).turns)
+                held = [int(n) for n in await pipe.execute(raise_on_error=True)]
+            for tally, n in zip(tallies, held, strict=True):
+                yield tally, n
 
     async def staging_lengths(self, keys: Sequence[SessionKeys]) -> list[int]:
         """Each session's staging length (one pipelined round trip)."""

@@ -53,7 +53,7 @@
                            nothing written
     Every answer but 'ok' also returns true second: no work became due sooner.
 
-  Events: accepted.
+  Events: accepted. Series: accepted (lib.lua series, outboxseries:{ws}).
 ]]
 local ses, entry, id = ARGV[1], ARGV[2], ARGV[3]
 local cap, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -86,6 +86,7 @@ emit(KEYS, 'accepted', id, entry)
 redis.call('SET', KEYS[11], id, 'PX', ttl)
 redis.call('SET', KEYS[12], ARGV[7], 'PX', ttl)
 tally().pushed(KEYS, ses, n, tonumber(ARGV[11]))
+series(KEYS, tonumber(ARGV[11]), 1, 1)
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.
 local readied = index_pushed(KEYS, ses, n, 0)
 if ARGV[8] == 'interrupt' and turn then

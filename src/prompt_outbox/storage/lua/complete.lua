@@ -50,7 +50,8 @@
     {'gone'}   no copy was left and the claim is not this caller's
 
   Events: sent (only when a copy was removed), then turn (a turn began: its value), and
-  turn_ended at once for a turn that had ended already.
+  turn_ended at once for a turn that had ended already. Series: delivered, when a copy was
+  removed (lib.lua series).
 ]]
 local ses, id, lockval, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local entry, grace, lease = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -113,6 +114,7 @@ elseif removed > 0 then
   -- ...but not the count: 'staged' / 'head' derive nothing.
   recount(KEYS, ses)
 end
+if removed > 0 then series(KEYS, now, 2, 1) end
 if not claimed then return {'gone'} end
 if early then return {'ok', 'ended'} end
 if lease > 0 then

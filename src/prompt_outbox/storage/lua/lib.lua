@@ -527,6 +527,31 @@ local function tally()
   return tally_fns
 end
 
+--[[ The series: the workspace's prompts accepted, delivered and failed per minute, and its
+  oldest pending entry as it stood, for the queue page's charts (docs/design.md, "The series").
+  outboxseries:{ws}, named from K[COUNT] (the same {ws} slot), a HASH ring of SERIES_SLOTS
+  fields: minute % SERIES_SLOTS -> "minute,accepted,delivered,failed,oldest" (oldest: the
+  workspace's first pending acceptedAt, ms, after this change; '' none pending). A field of an
+  older minute is that slot's last lap: it is started again, so the key never holds more than
+  SERIES_SLOTS fields, and it expires SERIES_SLOTS minutes after the last minute that began one.
+  Called by accept (col 1), complete (2, a claimed send) and restore / replace (3, a move into
+  error): HGET, ZRANGE of one member, HSET (and PEXPIRE once a minute). ]]
+local SERIES_SLOTS = 120
+local function series(K, now, col, n)
+  local key = 'outboxseries:' .. string.sub(K[COUNT], 13)
+  local minute = math.floor(now / 60000)
+  local field = string.format('%d', minute % SERIES_SLOTS)
+  local at, a, d, f = string.match(redis.call('HGET', key, field) or '',
+    '^(%d+),(%d+),(%d+),(%d+),')
+  local c, fresh = {0, 0, 0}, tonumber(at) ~= minute
+  if not fresh then c = {tonumber(a), tonumber(d), tonumber(f)} end
+  c[col] = c[col] + n
+  local first = redis.call('ZRANGE', K[OLDEST], 0, 0, 'WITHSCORES')[2] or ''
+  redis.call('HSET', key, field,
+    string.format('%d,%d,%d,%d,', minute, c[1], c[2], c[3]) .. first)
+  if fresh then redis.call('PEXPIRE', key, SERIES_SLOTS * 60000) end
+end
+
 -- The sessions and ready indexes, and the count, for one session, given its delivery head's
 -- due time (nil when nothing blocks).
 local function index(K, ses, now, due)

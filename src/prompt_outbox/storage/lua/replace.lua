@@ -23,7 +23,8 @@
     {'lost'}   a lock value was given and nobody holds the lock; nothing written
     {'logs_full', n, ms}  ARGV[4] > 0, as accept.lua's; nothing written
 
-  Events: the new status per swapped entry; dismissed per removed one.
+  Events: the new status per swapped entry; dismissed per removed one. Series: failed, per
+  entry moved into error (lib.lua series).
 ]]
 local ses, lockval, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if lockval == '' then
@@ -37,7 +38,7 @@ if bound > 0 then
   local logged, clears_in = logs_full(KEYS, bound)
   if logged then return {'logs_full', logged, clears_in} end
 end
-local done = 0
+local done, failed = 0, 0
 for i = 5, #ARGV, 2 do
   local old, new = ARGV[i], ARGV[i + 1]
   local list = KEYS[Q]
@@ -53,10 +54,15 @@ for i = 5, #ARGV, 2 do
       if e then emit(KEYS, 'dismissed', e.id, '') end
     else
       redis.call('LSET', list, idx, new)
-      emit_state(KEYS, new)
+      local e = emit_state(KEYS, new)
+      if e and e.status == 'error' then
+        local was = decode(old)
+        if not (was and was.status == 'error') then failed = failed + 1 end
+      end
     end
     done = done + 1
   end
 end
 refresh(KEYS, ses, now)
+if failed > 0 then series(KEYS, now, 3, failed) end
 return {'ok', done}

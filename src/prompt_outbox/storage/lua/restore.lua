@@ -17,7 +17,7 @@
     {'lost'}   nobody holds it (the caller's lease lapsed; see fence); nothing written
     {'gone'}   the staged copy is no longer there (recovered meanwhile); nothing written
 
-  Events: the new status (pending, verifying or error).
+  Events: the new status (pending, verifying or error). Series: failed, for error.
 ]]
 local ses, lockval, staged, new, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local refused = fence(KEYS, lockval)
@@ -25,6 +25,8 @@ if refused then return {refused} end
 if not redis.call('LPOS', KEYS[D], staged) then return {'gone'} end
 insert_in_place(KEYS[Q], new)
 redis.call('LREM', KEYS[D], 1, staged)
-emit_state(KEYS, new)
+local e = emit_state(KEYS, new)
 refresh(KEYS, ses, now)
+-- From staging (delivering) into error: a failed prompt.
+if e and e.status == 'error' then series(KEYS, now, 3, 1) end
 return {'ok'}

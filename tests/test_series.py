@@ -1,0 +1,95 @@
+"""The queue page's time series and a session's history (issue 24, point 9): the scripts count
+accepted, delivered and failed prompts per minute and record the oldest pending entry in a
+bounded ring (``lua/lib.lua`` series); ``Overview.series`` carries the oldest forward over
+quiet minutes; ``Overview.history`` reads delivered prompts and their turns from the event log.
+Against a real Valkey (and the cluster: the ring key is named inside the scripts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prompt_outbox import Entry, Outbox, Turn, ambiguous
+from prompt_outbox.core.errors import InvalidInput
+from prompt_outbox.core.keys import WorkspaceKeys
+from prompt_outbox.overview import SeriesPoint
+from prompt_outbox.storage.client import Client
+from prompt_outbox.storage.series import SERIES_SLOTS
+from tests.agents import ScriptedAgent
+from tests.conftest import FAST, ManualClock
+
+pytestmark = pytest.mark.cluster_too
+
+WS = "acme"
+
+
+def counted(p: SeriesPoint) -> tuple[int, int, int]:
+    return p.accepted, p.delivered, p.failed
+
+
+async def test_the_series_counts_each_minute_and_carries_the_oldest_over_quiet_ones(
+    client: Client,
+) -> None:
+    clock = ManualClock()  # 12:00:00 exactly: minute boundaries are the test's
+    outbox = Outbox(client, FAST, clock=clock)
+    for i in range(3):
+        await outbox.accept(WS, "s", "u", f"c{i}", f"prompt {i}")
+    clock.advance(60)  # minute 1: one delivered, one failed (ambiguous, no verifier)
+    assert await outbox.deliver_once(WS, "s", ScriptedAgent())
+    assert await outbox.deliver_once(WS, "s", ScriptedAgent([ambiguous("cut")]))
+    clock.advance(60 * 6 + 30)  # five quiet minutes (12:02-12:06), then half of 12:07
+    points = await outbox.overview.series(WS, minutes=8)
+    assert [counted(p) for p in points] == [(3, 0, 0), (0, 1, 1)] + [(0, 0, 0)] * 6
+    # The third prompt (accepted at 12:00) waits on: its age at each minute's end, the
+    # quiet minutes' from the record of minute 1, the current minute's read now.
+    ages = [p.oldest_pending_for for p in points]
+    assert ages == [60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 420.0, 450.0]
+    assert points[-1].start_ms - points[0].start_ms == 7 * 60_000
+
+    assert await outbox.deliver_once(WS, "s", ScriptedAgent())  # nothing pending now
+    [now] = await outbox.overview.series(WS, minutes=1)
+    assert counted(now) == (0, 1, 0) and now.oldest_pending_for == 0.0
+    # A workspace that never recorded anything: its past is unknown, its present is known.
+    empty = await outbox.overview.series("other", minutes=2)
+    assert [p.oldest_pending_for for p in empty] == [None, 0.0]
+    with pytest.raises(InvalidInput):
+        await outbox.overview.series(WS, minutes=SERIES_SLOTS)
+
+
+async def test_the_ring_holds_at_most_its_slots_and_expires(client: Client) -> None:
+    clock = ManualClock()
+    outbox = Outbox(client, FAST, clock=clock)
+    for i in range(SERIES_SLOTS + 10):  # one accept a minute, for more minutes than slots
+        await outbox.accept(WS, f"s{i}", "u", "c", "x")
+        clock.advance(60)
+    key = WorkspaceKeys(WS).series
+    assert await client.hlen(key) == SERIES_SLOTS  # type: ignore[misc]
+    assert 0 < await client.pttl(key) <= SERIES_SLOTS * 60_000
+    # The oldest lap was started again: the first ten minutes are gone, the rest counted.
+    points = await outbox.overview.series(WS, minutes=SERIES_SLOTS // 2)
+    assert [p.accepted for p in points] == [1] * (SERIES_SLOTS // 2 - 1) + [0]
+
+
+async def test_history_lists_delivered_prompts_with_their_turns(client: Client) -> None:
+    clock = ManualClock()
+    outbox = Outbox(client, FAST, clock=clock)
+    turns = iter(["t-1", "t-2"])
+
+    async def turned(ws: str, ses: str, entry: Entry) -> Turn | None:
+        return Turn(next(turns)) if entry.text != "plain" else None
+
+    first = await outbox.accept(WS, "s", "u", "c1", "first")
+    second = await outbox.accept(WS, "s", "u", "c2", "plain")
+    third = await outbox.accept(WS, "s", "u", "c3", "third")
+    assert await outbox.deliver_once(WS, "s", turned)
+    clock.advance(42.5)
+    assert (await outbox.end_turn(WS, "s", "t-1")).ended
+    assert await outbox.deliver_once(WS, "s", turned)
+    assert await outbox.deliver_once(WS, "s", turned)  # t-2 runs on
+    got = await outbox.overview.history(WS, "s")
+    assert [(d.id, d.turn, d.turn_seconds, d.turn_why) for d in got] == [
+        (third.id, "t-2", None, ""),
+        (second.id, None, None, ""),
+        (first.id, "t-1", 42.5, "ended"),
+    ]
+    assert got[0].sent_ms >= got[1].sent_ms >= got[2].sent_ms > 0
+    assert await outbox.overview.history(WS, "nobody") == []
