@@ -176,6 +176,17 @@ def test_a_library_is_traced_once_its_application_sets_the_global_provider(
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+def test_an_exporter_nobody_provides_is_one_clear_error() -> None:
+    r = subprocess.run(
+        [BIN, "openapi"], env={**os.environ, "OTEL_TRACES_EXPORTER": "bogus"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1 and r.stderr.startswith("Error: OTEL_TRACES_EXPORTER=bogus: "), (
+        r.stderr
+    )
+    assert "Traceback" not in r.stderr
+
+
 def test_the_rule_traces_on_only_when_an_exporter_is_asked_for() -> None:
     assert traces_asked({}) == ""  # no OTEL_* at all: off, nothing imported
     assert traces_asked({"OTEL_TRACES_EXPORTER": "none"}) == ""
