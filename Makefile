@@ -56,10 +56,22 @@ $(SYSTEMD_ANALYZE):
 
 DEPLOY_TOOLS := $(REDIS_CLI) $(SYSTEMD_ANALYZE)
 
-test: lint $(CHROMIUM) $(DEPLOY_TOOLS)
+# tests/test_tls.py needs a server with TLS, which the bundled Valkey is built without: Debian's
+# redis-server (7.0, which also shows what works without WAITAOF), and openssl for its certificates.
+REDIS_SERVER := /usr/bin/redis-server
+
+$(REDIS_SERVER):
+	@if command -v apt-get >/dev/null; then \
+	  echo "installing Debian's redis-server and openssl for the TLS test ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server openssl >/dev/null; \
+	else \
+	  echo "no apt-get: install redis-server at $(REDIS_SERVER) for tests/test_tls.py"; \
+	fi
+
+test: lint $(CHROMIUM) $(DEPLOY_TOOLS) $(REDIS_SERVER)
 	$(BIN)/pytest -q
 
-test-all: lint $(CHROMIUM) $(DEPLOY_TOOLS)
+test-all: lint $(CHROMIUM) $(DEPLOY_TOOLS) $(REDIS_SERVER)
 	$(BIN)/pytest -q -m ''
 
 # Every chaos scenario, the long runs included (~17 min): worker / Valkey / network faults at full size,

@@ -198,7 +198,12 @@ async def _shortfall(client: Client, level: DurabilityLevel, wait_for: float) ->
                     "before it happens (redis/redis#13793): use appendfsync always"
                 )
     for node, seen in (await probe(client, wait)).items():
-        if seen.error:
+        if seen.error and "unknown command" in seen.error.lower():
+            missing.append(
+                f"{node}: this server has no WAITAOF (Redis before 7.2, Valkey before 7.2: "
+                "docs/deploy.md, 'Redis 7.0'), which fsync and replica wait on"
+            )
+        elif seen.error:
             missing.append(f"{node}: {seen.error}")
         elif seen.local < wait.local:
             missing.append(f"{node}: AOF not fsynced within {wait.timeout_ms} ms")
