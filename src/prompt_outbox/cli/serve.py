@@ -247,6 +247,7 @@ async def run_api(
 )
 @click.option(
     "--loop",
+    envvar="PROMPT_OUTBOX_LOOP",
     type=click.Choice(LOOPS),
     default="auto",
     show_default=True,
@@ -255,6 +256,7 @@ async def run_api(
 @click.option(
     "--http",
     "http_parser",
+    envvar="PROMPT_OUTBOX_HTTP",
     type=click.Choice(HTTP_PARSERS),
     default="auto",
     show_default=True,

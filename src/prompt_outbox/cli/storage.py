@@ -143,6 +143,7 @@ def durability_options(command: F) -> F:
             click.option(
                 "--strict-durability",
                 is_flag=True,
+                envvar="PROMPT_OUTBOX_STRICT_DURABILITY",
                 help="refuse a Valkey that could lose acknowledged accepts",
             ),
         ]
