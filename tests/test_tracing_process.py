@@ -176,6 +176,25 @@ def test_a_library_is_traced_once_its_application_sets_the_global_provider(
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+NOT_A_PROVIDER = """
+from opentelemetry import trace
+trace.set_tracer_provider(object())  # the API checks nothing
+from prompt_outbox.core.entry import decode_entry
+from prompt_outbox.core.tracing import NOOP, tracing
+assert tracing() is NOOP
+entry = decode_entry('{"id":"e1","acceptedAt":"2026-01-01T00:00:00Z"}')
+assert entry.traced() is entry
+print("ok")
+"""
+
+
+def test_a_global_provider_that_is_not_one_leaves_tracing_off() -> None:
+    r = subprocess.run(
+        [sys.executable, "-c", NOT_A_PROVIDER], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
 def test_an_exporter_nobody_provides_is_one_clear_error() -> None:
     r = subprocess.run(
         [BIN, "openapi"], env={**os.environ, "OTEL_TRACES_EXPORTER": "bogus"},

@@ -150,6 +150,8 @@ def tracing() -> Tracing:
     provider = api.get_tracer_provider()
     if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
         return NOOP  # the API's default: nobody configured a provider
+    if not isinstance(provider, api.TracerProvider):
+        return NOOP  # not one (set_tracer_provider checks nothing): never fail an accept for it
     return use_provider(provider)
 
 
