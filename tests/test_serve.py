@@ -124,7 +124,7 @@ def test_serve_and_a_worker_on_a_cluster_url_deliver_in_order(
         stats = subprocess.run(
             [BIN, "stats", "--json", *cluster], capture_output=True, text=True, timeout=30
         )
-        assert json.loads(stats.stdout)["acme"] == {"pending": 5}, stats.stderr
+        assert json.loads(stats.stdout)["workspaces"]["acme"] == {"pending": 5}, stats.stderr
         worker = subprocess.Popen(
             [BIN, "worker", *cluster, "--webhook-url", agent.url],
             env={**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()},

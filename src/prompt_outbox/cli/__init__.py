@@ -9,6 +9,7 @@ from .demo import demo
 from .logs import with_logging
 from .otel import setup_tracing
 from .serve import openapi, serve, worker
+from .tokens import tokens
 from .unreachable import Main
 
 
@@ -32,6 +33,7 @@ for command in (
     stats,
     demo,
     openapi,
+    tokens,
 ):
     main.add_command(with_logging(command))
 

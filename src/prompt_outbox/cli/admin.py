@@ -127,16 +127,22 @@ def cleanup(workspace: str, yes: bool, **opts: Any) -> None:
 
 @click.command()
 @storage_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='{"workspaces": {ID: {status: count}}, "total": {status: count}}, every status in total',
+)
 def stats(as_json: bool, **opts: Any) -> None:
     """Entries by status, per workspace and in total."""
     per_ws = _with_outbox(opts, lambda o: o.count_by_workspace())
-    if as_json:
-        click.echo(json.dumps(per_ws, sort_keys=True))
-        return
     statuses = [str(s) for s in Status]
-    rows = [[ws, *(str(c.get(s, 0)) for s in statuses)] for ws, c in sorted(per_ws.items())]
     totals = [sum(c.get(s, 0) for c in per_ws.values()) for s in statuses]
+    if as_json:
+        total = dict(zip(statuses, totals, strict=True))
+        click.echo(json.dumps({"workspaces": per_ws, "total": total}, sort_keys=True))
+        return
+    rows = [[ws, *(str(c.get(s, 0)) for s in statuses)] for ws, c in sorted(per_ws.items())]
     rows.append(["(total)", *map(str, totals)])
     click.echo(table(["WORKSPACE", *(s.upper() for s in statuses)], rows))
 

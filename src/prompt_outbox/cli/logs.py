@@ -114,7 +114,12 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
 
 def with_logging(command: click.Command) -> click.Command:
     """``command`` with --log-format and --log-level, logging set up before it runs; and
-    every option with an environment variable shows it in ``--help``."""
+    every option with an environment variable shows it in ``--help``. A group: each of its
+    commands."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            with_logging(sub)
+        return command
     command.params += [
         click.Option(
             ["--log-format"],

@@ -336,8 +336,9 @@ def serve(
         feed = FeedLimits(
             max_behind_bytes=stream_buffer_mib * MIB, max_buffered_bytes=streams_buffer_mib * MIB
         )
+        # attach=False: a second serve on a data dir in use is refused (README, "Storage").
         opened = open_outbox(
-            valkey_url, data_dir, tunables_json, durability, feed, valkey_maxmemory
+            valkey_url, data_dir, tunables_json, durability, feed, valkey_maxmemory, attach=False
         )
         # aclosing: the event streams' shared connections close before the client does.
         async with opened as outbox, contextlib.aclosing(outbox), delivering(outbox, chosen):

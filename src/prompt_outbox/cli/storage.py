@@ -184,6 +184,7 @@ async def open_outbox(
     durability: Durability | None = None,
     feed: FeedLimits | None = None,
     valkey_maxmemory: int | None = None,
+    attach: bool = True,
 ) -> AsyncIterator[Outbox]:
     """An Outbox on the configured Valkey (see ``open_valkey``) with the given tunables.
     With ``durability`` (serve, worker), the level in force is decided and logged first.
@@ -191,7 +192,8 @@ async def open_outbox(
     tunables = _tunables(tunables_json, durability)
     # A blocked WAITAOF answers at durability_timeout: the socket must wait longer than that.
     socket_timeout = max(10.0, tunables.durability_timeout + 5.0)
-    async with open_valkey(valkey_url, data_dir, socket_timeout, valkey_maxmemory) as client:
+    opened = open_valkey(valkey_url, data_dir, socket_timeout, valkey_maxmemory, attach)
+    async with opened as client:
         outbox = Outbox(client, tunables, feed=feed)
         if durability is not None:
             await _check_durability(outbox, durability.strict_durability)
@@ -221,13 +223,15 @@ async def open_valkey(
     data_dir: Path,
     socket_timeout: float = 10.0,
     maxmemory: int | None = None,
+    attach: bool = True,
 ) -> AsyncIterator[Client]:
     """A client on the configured Valkey. Without a URL: attach to the embedded server
     running on ``data_dir`` (with the password kept there), or start one (with
-    ``maxmemory``, bytes) for as long as the block runs. URLs are logged without password."""
+    ``maxmemory``, bytes) for as long as the block runs. URLs are logged without password.
+    ``attach=False`` (serve): start one, or refuse with ``DataDirInUse`` naming the holder."""
     embedded: EmbeddedValkey | None = None
     try:
-        url = valkey_url or running_url(data_dir)
+        url = valkey_url or (running_url(data_dir) if attach else None)
         if url is None:
             embedded = EmbeddedValkey(data_dir, maxmemory=maxmemory)
             embedded.start()

@@ -281,11 +281,16 @@ class EmbeddedValkey:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             os.close(fd)
+            pid = f" (pid {holder})" if holder.isdigit() else ""
             raise DataDirInUse(
-                f"{self.data_dir} is in use by another prompt-outbox Valkey; "
+                f"{self.data_dir} is in use by another prompt-outbox process{pid}; "
                 "stop it or choose another data directory"
             ) from None
+        # Who holds it, for that message: the lock itself is the flock, not this content.
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def _unlock_data_dir(self) -> None:

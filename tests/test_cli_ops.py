@@ -1,0 +1,200 @@
+"""The CLI as an operator meets it: --version, one line for a Valkey it cannot use, every
+option's variable in --help, stats' totals in JSON, ``tokens add``, a clean stop with open
+event streams, and a second serve on a data dir in use refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import threading
+from importlib.metadata import version
+from pathlib import Path
+
+import click
+import httpx
+import pytest
+import valkey.asyncio as valkey_async
+from click.testing import CliRunner
+
+from prompt_outbox import Outbox
+from prompt_outbox.api.auth import TokenTable
+from prompt_outbox.cli import main
+from prompt_outbox.embedded import EmbeddedValkey, free_port
+from tests.test_logs import logged_service
+from tests.test_serve import BIN
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    r = CliRunner().invoke(main, list(args), env=env)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_version_is_the_package_version() -> None:
+    code, out, _ = run("--version")
+    assert code == 0 and out.split()[-1] == version("prompt-outbox")
+
+
+COMMANDS = [
+    ["stats"],
+    ["list", "acme", "chat-1"],
+    ["retry", "acme", "chat-1", "01ARZ3NDEKTSV4RRFFQ69G5FAV"],
+    ["park", "acme", "--reason", "r"],
+    ["cleanup", "acme", "--yes"],
+    ["worker", "--webhook-url", "http://127.0.0.1:9/hook"],
+    ["serve", "--no-auth", "--port", "0"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_a_valkey_that_refuses_is_one_line_naming_the_option(
+    valkey_server: EmbeddedValkey, command: list[str]
+) -> None:
+    wrong_password = valkey_server.url.replace(valkey_server.password, "wrong")
+    env = {"PROMPT_OUTBOX_WEBHOOK_SECRET": "s", "PROMPT_OUTBOX_VALKEY_URL": wrong_password}
+    code, out, err = run(*command, env=env)
+    assert code == 1 and out == ""
+    [line] = [x for x in err.splitlines() if not x.startswith("WARNING: authentication")]
+    assert "--valkey-url (PROMPT_OUTBOX_VALKEY_URL)" in line and "AuthenticationError" in line
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["valkey://127.0.0.1:{closed}/0", "valkeys://127.0.0.1:{port}/0"],
+    ids=["nothing-listens", "tls-to-a-plain-server"],
+)
+def test_an_unreachable_valkey_is_one_line_without_a_traceback(
+    valkey_server: EmbeddedValkey, url: str
+) -> None:
+    given = url.format(closed=free_port(), port=valkey_server.port)
+    r = subprocess.run(
+        [BIN, "stats", "--valkey-url", given], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith("Error: Valkey unusable (") and "PROMPT_OUTBOX_VALKEY_URL" in line
+
+
+def _commands(group: click.Group) -> list[tuple[str, click.Command]]:
+    found: list[tuple[str, click.Command]] = []
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += [(f"{name} {sub}", c) for sub, c in _commands(command)]
+        else:
+            found.append((name, command))
+    return found
+
+
+def test_every_help_shows_each_options_variable() -> None:
+    checked = 0
+    for name, command in _commands(main):
+        _, out, _ = run(*name.split(), "--help")
+        shown = " ".join(out.split())
+        for param in command.params:
+            if isinstance(param, click.Option) and param.envvar:
+                assert f"env var: {param.envvar}" in shown, (name, param.name)
+                checked += 1
+        assert "PROMPT_OUTBOX_LOG_FORMAT" in shown, name  # every command takes the log options
+    assert checked > 60
+
+
+def test_stats_json_has_the_totals(valkey_server: EmbeddedValkey) -> None:
+    async def seed() -> None:
+        client = valkey_async.Valkey.from_url(valkey_server.url)
+        await client.flushall()
+        outbox = Outbox(client)
+        for ws, ses in (("a", "s1"), ("a", "s2"), ("b", "s1")):
+            await outbox.accept(ws, ses, "u", f"m-{ws}-{ses}", "hi")
+        await client.aclose()
+
+    asyncio.run(seed())
+    code, out, _ = run("stats", "--json", "--valkey-url", valkey_server.url)
+    doc = json.loads(out)
+    assert code == 0 and doc["workspaces"] == {"a": {"pending": 2}, "b": {"pending": 1}}
+    assert doc["total"] == {
+        "pending": 3,
+        "delivering": 0,
+        "verifying": 0,
+        "error": 0,
+        "parked": 0,
+    }
+
+
+def test_tokens_add_writes_a_0600_file_the_server_reads(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    code, first, err = run("tokens", "add", "--file", str(path), "--workspace", "acme")
+    assert code == 0 and "acme" in err
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    code, second, _ = run("tokens", "add", "--file", str(path), "--admin", "--user", "ops")
+    assert code == 0 and first != second and len(first.strip()) >= 43
+    table = TokenTable.from_file(path)  # what serve reads
+    alice, ops = table.lookup(first.strip()), table.lookup(second.strip())
+    assert alice is not None and alice.workspaces == {"acme"} and not alice.admin
+    assert alice.user_id == "acme"  # the first workspace, without --user
+    assert ops is not None and ops.admin and ops.user_id == "ops"
+    assert first.strip() in path.read_text() and first.count("\n") == 1  # the token alone
+
+
+@pytest.mark.parametrize(
+    ("content", "args"),
+    [
+        ("{not json", ["--workspace", "acme"]),
+        ('{"tokens": [{"token": "x y", "user": "u"}]}', ["--workspace", "acme"]),
+        ('{"tokens": []}', ["--workspace", "not a workspace id!"]),
+    ],
+    ids=["not-json", "a-bad-row", "a-bad-workspace"],
+)
+def test_tokens_add_refuses_and_leaves_the_file(
+    tmp_path: Path, content: str, args: list[str]
+) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(content)
+    code, out, err = run("tokens", "add", "--file", str(path), *args)
+    assert code == 1 and out == "" and err.startswith(f"Error: {path}: ")
+    assert path.read_text() == content and os.listdir(tmp_path) == ["tokens.json"]
+
+
+def test_sigterm_with_open_event_streams_exits_cleanly(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    opened = threading.Semaphore(0)
+    ended: list[str] = []
+
+    def follow(port: int, ses: str) -> None:
+        url = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions/{ses}/events"
+        with httpx.stream("GET", url, timeout=60) as answer:
+            assert answer.status_code == 200
+            opened.release()
+            for _ in answer.iter_lines():
+                pass
+        ended.append(ses)  # the server ended the body: no error on the client's side
+
+    with logged_service(["--data-dir", str(tmp_path / "data")], log) as port:
+        readers = [threading.Thread(target=follow, args=(port, f"s{i}")) for i in range(2)]
+        for reader in readers:
+            reader.start()
+        for _ in readers:
+            assert opened.acquire(timeout=30)
+    # logged_service sent SIGTERM and saw the process exit 0.
+    for reader in readers:
+        reader.join(timeout=30)
+    said = log.read_text()
+    assert sorted(ended) == ["s0", "s1"] and "Traceback" not in said, said
+    assert "Finished server process" in said  # uvicorn stopped, not killed
+
+
+def test_a_second_serve_on_a_data_dir_in_use_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with logged_service(["--data-dir", str(data)], tmp_path / "first.log") as port:
+        first_pid = int((data / "prompt-outbox.lock").read_text())
+        r = subprocess.run(
+            [BIN, "serve", "--no-auth", "--port", str(free_port()), "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        line = r.stderr.splitlines()[-1]
+        assert str(data) in line and f"(pid {first_pid})" in line and "in use" in line
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200  # untouched
