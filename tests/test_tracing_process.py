@@ -25,6 +25,16 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 
 
+def run(script: str, *args: str) -> str:
+    """Run ``script`` in a Python process of its own, which prints ok when all it asserts
+    held; what it wrote to stderr."""
+    r = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    return r.stderr
+
+
 def console_spans(out: str) -> list[dict[str, Any]]:
     """The spans the console exporter printed (indented JSON objects, one after another)."""
     decoder, spans, i = json.JSONDecoder(), [], out.find("{")
@@ -128,12 +138,8 @@ print("ok")
 def test_without_opentelemetry_nothing_is_imported_and_delivery_goes_on(
     valkey_server: EmbeddedValkey,
 ) -> None:
-    r = subprocess.run(
-        [sys.executable, "-c", WITHOUT, valkey_server.url, f"s{time.time_ns()}"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
-    assert "pip install 'prompt-outbox[otel]'" in r.stderr  # asked for, said why there are none
+    said = run(WITHOUT, valkey_server.url, f"s{time.time_ns()}")
+    assert "pip install 'prompt-outbox[otel]'" in said  # asked for: says why there are none
 
 
 # A library whose application sets the global tracer provider after building its Outbox, and
@@ -169,11 +175,7 @@ asyncio.run(main())
 def test_a_library_is_traced_once_its_application_sets_the_global_provider(
     valkey_server: EmbeddedValkey,
 ) -> None:
-    r = subprocess.run(
-        [sys.executable, "-c", LIBRARY, valkey_server.url, f"s{time.time_ns()}"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    run(LIBRARY, valkey_server.url, f"s{time.time_ns()}")
 
 
 NOT_A_PROVIDER = """
@@ -189,10 +191,7 @@ print("ok")
 
 
 def test_a_global_provider_that_is_not_one_leaves_tracing_off() -> None:
-    r = subprocess.run(
-        [sys.executable, "-c", NOT_A_PROVIDER], capture_output=True, text=True, timeout=60
-    )
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    run(NOT_A_PROVIDER)
 
 
 def test_an_exporter_nobody_provides_is_one_clear_error() -> None:

@@ -5,7 +5,7 @@ and only once tracing is on (``tracing.use_provider``). Needs opentelemetry-api 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -52,6 +52,7 @@ class OtelTracing:
         ) as span:
             yield _Span(span)
 
+    @contextmanager
     def span(
         self,
         name: str,
@@ -60,17 +61,6 @@ class OtelTracing:
         *,
         client: bool = False,
         start_ms: int | None = None,
-    ) -> AbstractContextManager[_Span]:
-        return self._span(name, parent, attributes, client, start_ms)
-
-    @contextmanager
-    def _span(
-        self,
-        name: str,
-        parent: str,
-        attributes: dict[str, Attribute],
-        client: bool,
-        start_ms: int | None,
     ) -> Iterator[_Span]:
         context = _W3C.extract({"traceparent": parent}) if parent else None
         with self._tracer.start_as_current_span(
