@@ -13,10 +13,12 @@ change every call site and still need a bridge for uvicorn's stdlib records.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -97,19 +99,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str, ensure_ascii=False)
 
 
-def setup_logging(fmt: str = "text", level: str = "info") -> None:
-    """Replace the root logger's handlers by one on stderr in ``fmt``, at ``level``."""
+@contextlib.contextmanager
+def logging_to_stderr(fmt: str = "text", level: str = "info") -> Iterator[None]:
+    """For the block: one handler on the root logger, on stderr, in ``fmt``, and the root
+    at ``level``. Other handlers stay (OpenTelemetry's, when ``OTEL_LOGS_EXPORTER`` asks for
+    one; a test's capture); on the way out the handler and the levels are taken back (a
+    command run in-process, as the tests do, leaves no handler on a closed stream)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(ContextFilter())
     root = logging.getLogger()
-    for old in root.handlers[:]:
-        root.removeHandler(old)
-    root.addHandler(handler)
+    chatty = [logging.getLogger(name) for name in _CHATTY]
+    before = [root.level, *(c.level for c in chatty)]
     number = logging.getLevelName(level.upper())
+    root.addHandler(handler)
     root.setLevel(number)
-    for name in _CHATTY:
-        logging.getLogger(name).setLevel(max(number, logging.WARNING))
+    for logger in chatty:
+        logger.setLevel(max(number, logging.WARNING))
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        for logger, was in zip([root, *chatty], before, strict=True):
+            logger.setLevel(was)
 
 
 def with_logging(command: click.Command) -> click.Command:
@@ -146,8 +158,8 @@ def with_logging(command: click.Command) -> click.Command:
 
     @functools.wraps(run)
     def logged(*args: Any, log_format: str, log_level: str, **kwargs: Any) -> Any:
-        setup_logging(log_format, log_level)
-        return run(*args, **kwargs)
+        with logging_to_stderr(log_format, log_level):
+            return run(*args, **kwargs)
 
     command.callback = logged
     return command
