@@ -316,7 +316,8 @@ def _node_argv(command: list[str], port: int, root: Path) -> list[str]:
 
 
 def _passes(shell: str, env: dict[str, str]) -> bool:
-    return subprocess.run(["sh", "-c", shell], env=env, timeout=10).returncode == 0
+    done = subprocess.run(["sh", "-c", shell], env=env, capture_output=True, timeout=10)
+    return done.returncode == 0
 
 
 def _cluster_ok(port: int) -> bool:
@@ -430,7 +431,8 @@ def test_k8s_manifests_validate_against_the_schemas() -> None:
     assert kinds.count("PodDisruptionBudget") == 2 and "Secret" in kinds
     version = kubernetes_validate.latest_version()
     for doc in docs:
-        kubernetes_validate.validate(doc, version, strict=True)
+        for each in ("1.25.0", version):  # the oldest schemas the package ships, and the newest
+            kubernetes_validate.validate(doc, each, strict=True)
     bad = one("Deployment", "prompt-outbox-serve")
     bad["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
