@@ -102,7 +102,7 @@ def test_serve_prints_a_trace_joining_an_accept_and_its_delivery(tmp_path: Path)
 # A process of its own: OpenTelemetry's packages (all of them first; then the extra's only, as
 # an install without it has: FastAPI itself needs the API) cannot be imported.
 WITHOUT = """
-import asyncio, logging, sys
+import asyncio, sys
 
 class Block:
     prefixes = ["opentelemetry"]
@@ -127,7 +127,6 @@ async def main():
 asyncio.run(main())
 assert not [m for m in sys.modules if m.startswith("opentelemetry")], "imported"
 Block.prefixes = ["opentelemetry.sdk", "opentelemetry.distro", "opentelemetry.exporter"]
-logging.basicConfig()
 from prompt_outbox.cli.otel import setup_tracing
 assert setup_tracing({"OTEL_TRACES_EXPORTER": "console"}) is False
 assert "opentelemetry.sdk" not in sys.modules
@@ -192,6 +191,22 @@ print("ok")
 
 def test_a_global_provider_that_is_not_one_leaves_tracing_off() -> None:
     run(NOT_A_PROVIDER)
+
+
+SERVICE_NAME = """
+import os
+os.environ.pop("OTEL_SERVICE_NAME", None)
+os.environ["OTEL_TRACES_EXPORTER"] = "console"
+from opentelemetry import trace
+from prompt_outbox.cli.otel import setup_tracing
+assert setup_tracing()
+assert trace.get_tracer_provider().resource.attributes["service.name"] == "prompt-outbox"
+print("ok")
+"""
+
+
+def test_the_service_is_named_prompt_outbox_unless_otel_service_name_says() -> None:
+    run(SERVICE_NAME)  # the SDK's own default is unknown_service
 
 
 def test_an_exporter_nobody_provides_is_one_clear_error() -> None:

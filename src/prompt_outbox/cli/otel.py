@@ -7,13 +7,10 @@ provider, and ``core/tracing.py`` follows it. Unlike the SDK's default (``otlp``
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import MutableMapping
 
 import click
-
-log = logging.getLogger("prompt_outbox")
 
 SERVICE_NAME = "prompt-outbox"  # OTEL_SERVICE_NAME when it is not set
 
@@ -35,10 +32,11 @@ def setup_tracing(environ: MutableMapping[str, str] = os.environ) -> bool:
     try:
         from opentelemetry.distro import OpenTelemetryConfigurator
     except ImportError:
-        log.warning(
-            "OTEL_TRACES_EXPORTER=%s, but OpenTelemetry is not installed "
+        # A line of its own on stderr: each command sets its logging up after this runs.
+        click.echo(
+            f"WARNING: OTEL_TRACES_EXPORTER={exporters}, but OpenTelemetry is not installed "
             "(pip install 'prompt-outbox[otel]'): no traces",
-            exporters,
+            err=True,
         )
         return False
     environ.setdefault("OTEL_SERVICE_NAME", SERVICE_NAME)
@@ -46,5 +44,4 @@ def setup_tracing(environ: MutableMapping[str, str] = os.environ) -> bool:
         OpenTelemetryConfigurator().configure()  # type: ignore[no-untyped-call]
     except Exception as exc:  # an exporter name no package provides, a bad protocol
         raise click.ClickException(f"OTEL_TRACES_EXPORTER={exporters}: {exc}") from exc
-    log.info("traces on: OTEL_TRACES_EXPORTER=%s", exporters)
     return True
