@@ -7,6 +7,7 @@ and nothing imported without the extra)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -138,8 +139,6 @@ async def _verdict(v: Verdict) -> Verdict:
 
 async def _deliver_when_due(worker: Outbox, agent: Agent) -> None:
     """One step, once the entry is due (a verification and a re-send wait their backoffs)."""
-    import asyncio
-
     for _ in range(200):
         if await worker.deliver_once("acme", "chat-1", agent):
             return
