@@ -100,7 +100,7 @@ def test_json_logs_name_each_delivery_and_failed_for_good_is_a_warning(tmp_path:
     assert gave_up["outcome"] == "definitive" and "400" in gave_up["error"]
     assert delivered["level"] == "INFO"
     assert (delivered["workspace"], delivered["session"]) == (WS, "s-ok")
-    assert delivered["entry"] == sent.json()["id"]
+    assert delivered["entry"] == sent.json()["id"] and delivered["attempt"] == 1
     everything = records(log)  # every line parsed as JSON, uvicorn's included
     assert {"time", "level", "logger", "message"} <= set(everything[0])
     started = [r for r in everything if r["message"].startswith("Uvicorn running on")]

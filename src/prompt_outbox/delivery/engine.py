@@ -296,7 +296,8 @@ class Engine:
             hold.next, hold.ended_early = claimed.next, claimed.ended_early
         reached(CrashPoint.AFTER_COMPLETE)
         self.metrics.delivered.labels(via=via).inc()
-        about = about_entry(k.ws, k.ses, entry.id, attempt=entry.attempts, outcome=via)
+        # attempts counts the failed ones: this is the one after them.
+        about = about_entry(k.ws, k.ses, entry.id, attempt=entry.attempts + 1, outcome=via)
         log.info("delivered", extra=about)
         waited = (self.clock() - entry.accepted_at).total_seconds()
         self.metrics.accept_to_delivered_seconds.observe(max(0.0, waited))
