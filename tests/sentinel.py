@@ -4,6 +4,9 @@ Every data node is durable (``appendonly yes``, ``appendfsync always``, ``noevic
 ``accept_durability replica`` holds there. The sentinels watch the service ``SERVICE`` with
 a quorum of 2, and decide quickly (``down_after_ms``, ``failover_timeout_ms``): a test kills
 the primary and waits for a replica to take over, not for defaults made for real networks.
+``down_after_ms`` stays above a second: a sentinel pings every second at most, and a link it
+opens counts as waiting for a reply from the start, so at 1000 ms or less it judged every
+newly promoted primary down before its first ping and failed over a second time.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ class SentinelGroup:
     """Use as a context manager (or ``start()`` / ``stop()``)."""
 
     def __init__(
-        self, root: Path, *, down_after_ms: int = 1000, failover_timeout_ms: int = 3000
+        self, root: Path, *, down_after_ms: int = 1500, failover_timeout_ms: int = 3000
     ) -> None:
         self.root = root
         self.down_after_ms = down_after_ms
@@ -53,10 +56,13 @@ class SentinelGroup:
             self.stop()
             raise
 
-    def _start(self, timeout: float) -> None:
+    def _spawn(self, port: int) -> None:
         flags = ["--appendonly", "yes", "--appendfsync", "always", *REPLICATION_FLAGS]
-        for n, port in enumerate(self.data_ports):
-            self.procs[port] = spawn(self.root / f"node{n}", port, flags)
+        self.procs[port] = spawn(self.root / f"node{self.data_ports.index(port)}", port, flags)
+
+    def _start(self, timeout: float) -> None:
+        for port in self.data_ports:
+            self._spawn(port)
         for port in self.data_ports:
             wait_until(lambda p=port: answers_ping(p), timeout, f"node {port} PING")  # type: ignore[misc]
         primary, *replicas = self.data_ports
@@ -128,6 +134,30 @@ class SentinelGroup:
         new = self.primary_port()
         wait_until(lambda: info(new, "replication")["role"] == "master", timeout, "promoted")
         return new
+
+    def restart(self, port: int, timeout: float = 30.0) -> None:
+        """Start a killed node again on its own data: the sentinels make it a replica of the
+        primary they chose; wait until that primary lists both replicas online and every
+        sentinel sees them up (the next failover may pick either). The primary is asked again
+        on each look: a loaded machine can stall a sentinel past ``down_after_ms`` and make
+        it fail over once more on its own."""
+        self._spawn(port)
+
+        def rejoined() -> bool:
+            primary = self.primary_port()
+            others = {p for p in self.data_ports if p != primary}
+            return others <= set(online_replica_ports(primary)) and all(
+                self._replicas_up(s) for s in self.sentinel_ports
+            )
+
+        wait_until(rejoined, timeout, "the killed node rejoined as a replica", step=0.1)
+        settle_replication(self.primary_port(), 2, timeout)
+
+    def _replicas_up(self, port: int) -> bool:
+        with node_client(port) as sentinel:
+            replicas = sentinel.sentinel_slaves(SERVICE)
+        up = [r for r in replicas if not (r["is_sdown"] or r["is_odown"])]
+        return len(up) == 2
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -13,7 +13,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ class Client:
     url: str
     acked: list[str] = field(default_factory=list)
     answers: list[tuple[float, int, str]] = field(default_factory=list)  # (time, status, code)
+    slowest: float = 0.0  # seconds, the longest accept
     stop: threading.Event = field(default_factory=threading.Event)
     failure: BaseException | None = None
 
@@ -69,11 +71,13 @@ class Client:
             with httpx.Client(timeout=ACCEPT_BOUND) as http:
                 n = 0
                 while not self.stop.is_set():
+                    sent = time.monotonic()
                     r = http.post(self.url, json={"clientMessageID": f"m{n}", "text": f"p{n}"})
-                    code = r.json().get("error", "") if r.status_code >= 400 else ""
+                    self.slowest = max(self.slowest, time.monotonic() - sent)
                     if r.status_code == 429:  # the session's cap: the worker is behind
                         time.sleep(0.1)
                         continue
+                    code = r.json().get("error", "") if r.status_code >= 400 else ""
                     self.answers.append((time.monotonic(), r.status_code, code))
                     if r.status_code in (200, 202):
                         self.acked.append(r.json()["id"])
@@ -86,14 +90,92 @@ class Client:
         return sum(1 for t, status, _ in self.answers if t > moment and status in (200, 202))
 
 
-def wait_for(check: object, timeout: float, what: str) -> None:
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
 
 
-def test_serve_and_worker_follow_a_sentinel_failover(tmp_path: Path) -> None:
+@dataclass
+class FailoverRun:
+    """What the clients and the agent saw over a run of failovers."""
+
+    clients: list[Client]
+    delivered: list[str]  # what the agent received, in order (Idempotency-Key: the entry ID)
+    kills: list[float]  # when each primary was killed
+    ends: list[float] = field(default_factory=list)  # then: the switch seen by the sentinels
+
+    @property
+    def acked(self) -> list[str]:
+        return [i for c in self.clients for i in c.acked]
+
+    @property
+    def refusals(self) -> list[tuple[float, int, str]]:
+        return [a for c in self.clients for a in c.answers if a[1] >= 300]
+
+    def windows(self) -> list[tuple[float, float]]:
+        """Per failover: seconds from its kill to the first and the last refusal before the
+        next kill ((0, 0): none)."""
+        out = []
+        for n, kill in enumerate(self.kills):
+            until = self.kills[n + 1] if n + 1 < len(self.kills) else float("inf")
+            seen = [t - kill for t, _, _ in self.refusals if kill < t < until]
+            out.append((min(seen), max(seen)) if seen else (0.0, 0.0))
+        return out
+
+    def order_violations(self) -> int:
+        seen = set(self.delivered)
+        first: dict[str, int] = {}
+        for n, i in enumerate(self.delivered):
+            first.setdefault(i, n)
+        return sum(
+            1
+            for c in self.clients
+            if [first[i] for i in c.acked if i in seen]
+            != sorted(first[i] for i in c.acked if i in seen)
+        )
+
+    def line(self, scenario: str) -> str:
+        lost = len(set(self.acked) - set(self.delivered))
+        twice = len(self.delivered) - len(set(self.delivered))
+        codes = Counter(f"{status} {code}" for _, status, code in self.refusals)
+        windows = ", ".join(f"{a:.1f}-{b:.1f} s" for a, b in self.windows())
+        slowest = max(c.slowest for c in self.clients)
+        return (
+            f"{scenario} | failovers {len(self.kills)} | acknowledged {len(self.acked)} | "
+            f"lost {lost} | delivered twice {twice} | order violations "
+            f"{self.order_violations()} | refused {dict(sorted(codes.items()))} | refusals "
+            f"after each kill {windows} | slowest accept {slowest:.1f} s"
+        )
+
+    def check(self) -> None:
+        """Each accept answered in time, 2xx or 503; 503s only in a switch; every 2xx delivered
+        once, in its session's order."""
+        for c in self.clients:
+            assert c.failure is None, f"an accept failed or hung: {c.failure!r}"
+        refusals = self.refusals
+        assert refusals, "the kills refused no accept: the run saw no switch"
+        for t, status, code in refusals:
+            assert status == 503 and code in ("storage_unavailable", "not_durable"), (status, code)
+            assert t > self.kills[0], "a 503 before the primary was killed"
+        for n, kill in enumerate(self.kills):  # after each switch settled, every client acked
+            until = self.kills[n + 1] if n + 1 < len(self.kills) else float("inf")
+            settled = max([t for t, _, _ in refusals if kill < t < until], default=kill)
+            assert all(
+                any(settled < t < until and s < 300 for t, s, _ in c.answers) for c in self.clients
+            )
+        assert set(self.acked) <= set(self.delivered), "an acknowledged prompt was lost"
+        assert len(self.delivered) == len(set(self.delivered)), "a prompt was delivered twice"
+        assert self.order_violations() == 0
+
+
+def run_failovers(tmp_path: Path, sessions: int, failovers: int, acks: int) -> FailoverRun:
+    """serve and a worker on the sentinel URL at ``--accept-durability replica``; ``sessions``
+    clients accept; ``failovers`` times, once every client got ``acks`` acknowledgements
+    since the last switch, the primary is SIGKILLed, the sentinels fail over, and the killed
+    node comes back as a replica. Then the load stops and every acknowledged prompt must
+    reach the agent."""
     port = free_port()
     base = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions"
     durable = ["--accept-durability", "replica", "--durability-timeout", "2"]
@@ -106,47 +188,37 @@ def test_serve_and_worker_follow_a_sentinel_failover(tmp_path: Path) -> None:
             process(worker, tmp_path / "worker.log"),
         ):
             wait_healthy(port)
-            clients = [Client(f"{base}/s{n}/prompts") for n in range(4)]
+            clients = [Client(f"{base}/s{n}/prompts") for n in range(sessions)]
+            run = FailoverRun(clients, [], [])
             threads = [threading.Thread(target=c.run, daemon=True) for c in clients]
             for thread in threads:
                 thread.start()
-            wait_for(lambda: all(len(c.acked) >= 5 for c in clients), 30, "acks before")
-            killed_at = time.monotonic()
-            old = group.kill_primary()
-            group.wait_failover(old)
-            switched = time.monotonic()
-            wait_for(lambda: all(c.acked_since(switched) >= 5 for c in clients), 60, "acks after")
+            since = 0.0
+            for n in range(failovers):
+                wait_for(lambda t=since: all(c.acked_since(t) >= acks for c in clients), 60, "acks")
+                run.kills.append(time.monotonic())
+                old = group.kill_primary()
+                group.wait_failover(old)
+                since = time.monotonic()
+                run.ends.append(since)
+                if n + 1 < failovers:
+                    group.restart(old)
+            wait_for(lambda: all(c.acked_since(since) >= acks for c in clients), 60, "acks after")
             for c in clients:
                 c.stop.set()
             for thread in threads:
                 thread.join(ACCEPT_BOUND + 5)
-            for c in clients:
-                assert c.failure is None, f"an accept failed or hung: {c.failure!r}"
-            acked = [i for c in clients for i in c.acked]
-            stopped = time.monotonic()
-            wait_for(lambda: set(acked) <= set(agent.ids()), 60, "every acked delivered")
+            acked = set(run.acked)
+            wait_for(lambda: acked <= set(agent.ids()), 60, "every acked delivered")
+            time.sleep(0.5)  # a second delivery, if any, has its moment to show
+            run.delivered = agent.ids()
+    return run
 
-    refusals = [
-        (t, status, code) for c in clients for t, status, code in c.answers if status >= 300
-    ]
-    assert refusals, "the kill refused no accept: the test saw no switch"
-    for t, status, code in refusals:
-        assert status == 503 and code in ("storage_unavailable", "not_durable"), (status, code)
-        assert t > killed_at, "a 503 before the primary was killed"
-    # After the switch settled (the last refusal), every client was acknowledged again.
-    settled = max(t for t, _, _ in refusals)
-    print(
-        f"refused {len(refusals)} accepts from {min(t for t, _, _ in refusals) - killed_at:.2f} s"
-        f" to {settled - killed_at:.2f} s after the kill; failover seen at "
-        f"{switched - killed_at:.2f} s; {len(acked)} acknowledged, all delivered once, "
-        f"the last {time.monotonic() - stopped:.2f} s after the load stopped"
-    )
-    assert all(c.acked_since(settled) >= 1 for c in clients)
-    # Each acknowledged prompt delivered once, in its session's order.
-    delivered = agent.ids()
-    assert len(delivered) == len(set(delivered)), "a prompt was delivered twice"
-    for c in clients:
-        assert [i for i in delivered if i in set(c.acked)] == c.acked
+
+def test_serve_and_worker_follow_a_sentinel_failover(tmp_path: Path) -> None:
+    run = run_failovers(tmp_path, sessions=4, failovers=1, acks=5)
+    print(run.line("sentinel failover (4 sessions)"))
+    run.check()
 
 
 def test_a_sentinel_url_says_which_sentinels_and_which_service() -> None:
@@ -182,3 +254,16 @@ def test_a_bad_sentinel_url_is_one_clear_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "a sentinel URL ends with the service's name" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_no_sentinel_answering_is_one_clear_line() -> None:
+    nobody = free_port()
+    done = subprocess.run(
+        [BIN, "stats", "--valkey-url", f"valkey+sentinel://127.0.0.1:{nobody}/svc"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert "No master found for 'svc'" in line and f"127.0.0.1:{nobody}" in line
