@@ -8,6 +8,7 @@ would do (build the image, mount the Secret) is checked by structure. docs/deplo
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
 import re
@@ -49,11 +50,13 @@ PASSWORD = "compose-test-password"
 
 
 @contextmanager
-def running(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def running(
+    argv: list[str], env: dict[str, str], log: Path, bin_dir: str = VENV_BIN
+) -> Iterator[subprocess.Popen[bytes]]:
     """``argv`` as the file gives it, found on the image's PATH (the venv's bin here), with
     ``env`` over a minimal environment (as a container starts), its output in ``log``. The
-    image's PATH leads to its venv: here, to ours."""
-    path = VENV_BIN + os.pathsep + os.environ["PATH"]
+    image's PATH leads to its venv: here, to ``bin_dir`` (ours unless said)."""
+    path = bin_dir + os.pathsep + os.environ["PATH"]
     env = {"HOME": str(log.parent), **env, "PATH": path}
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, start_new_session=True)
@@ -211,12 +214,10 @@ def test_dockerfile_is_slim_non_root_with_a_health_check(image: Image) -> None:
     assert {"*", "!pyproject.toml", "!README.md", "!src/"} <= set(ignored)
 
 
-def test_dockerfile_cmd_serves_and_its_health_check_tells(
-    image: Image, tokens: Path, tmp_path: Path
-) -> None:
+def run_image(image: Image, tokens: Path, tmp_path: Path, bin_dir: str) -> None:
     """The CMD with the image's ENV alone (the token file where the image expects it mounted,
-    /data a fresh dir) serves, embedded Valkey and all; the HEALTHCHECK command passes while it
-    runs and fails once it is gone."""
+    /data a fresh dir), its venv's bin first on PATH: it serves, embedded Valkey and all; the
+    HEALTHCHECK command passes while it runs and fails once it is gone."""
     port = free_port()
     env = localise(
         image.env,
@@ -229,20 +230,31 @@ def test_dockerfile_cmd_serves_and_its_health_check_tells(
     )
     _, check = image.healthcheck()
     log = tmp_path / "serve.log"
-    with running(json.loads(image.parser.cmd), env, log) as serve:
+    with running(json.loads(image.parser.cmd), env, log, bin_dir) as serve:
         wait_healthy(port)
         accept(port, "docker")
-        assert subprocess.run(check, env={**env, "PATH": VENV_BIN}, timeout=30).returncode == 0
+        assert subprocess.run(check, env={**env, "PATH": bin_dir}, timeout=30).returncode == 0
         stop(serve, log)
-    failed = subprocess.run(check, env={**env, "PATH": VENV_BIN}, capture_output=True, timeout=30)
+    failed = subprocess.run(check, env={**env, "PATH": bin_dir}, capture_output=True, timeout=30)
     assert failed.returncode != 0
+
+
+def test_dockerfile_cmd_serves_and_its_health_check_tells(
+    image: Image, tokens: Path, tmp_path: Path
+) -> None:
+    run_image(image, tokens, tmp_path, VENV_BIN)
+
+
+def build_stage(image: Image) -> list[list[str]]:
+    """The build stage's RUN, command by command (its lines are joined with &&)."""
+    (run, *_) = [r for r in image.parser.structure if r["instruction"] == "RUN"]
+    return [shlex.split(part) for part in run["value"].split("&&")]
 
 
 def test_dockerfile_build_stage_makes_a_whole_wheel(image: Image, tmp_path: Path) -> None:
     """The build stage's `pip wheel` of the source tree packs the Lua scripts and the queue
     page's bundle, without which the image would start and fail at its first accept."""
-    (run, *_) = [r for r in image.parser.structure if r["instruction"] == "RUN"]
-    wheel = shlex.split(run["value"].split("&&")[0])
+    wheel = build_stage(image)[0]
     assert wheel[:3] == ["python", "-m", "pip"] and wheel[-1] == "."
     wheel = [sys.executable, *wheel[1:]]
     wheel[wheel.index("--wheel-dir") + 1] = str(tmp_path)
@@ -254,6 +266,28 @@ def test_dockerfile_build_stage_makes_a_whole_wheel(image: Image, tmp_path: Path
     ).stdout
     assert "prompt_outbox/storage/lua/accept.lua" in names
     assert "prompt_outbox/ui/static/" in names
+
+
+@pytest.mark.slow  # pip downloads every dependency: minutes; make test-all runs it
+@pytest.mark.timeout(900)
+def test_dockerfile_build_stage_venv_runs_the_cmd(
+    image: Image, tokens: Path, tmp_path: Path
+) -> None:
+    """The whole build stage, each command as written (/wheels and /opt/prompt-outbox in a
+    temporary dir, `python` this one), makes the venv the image copies; the CMD and the
+    HEALTHCHECK then run from that venv alone."""
+    where = {"/wheels": str(tmp_path / "wheels"), "/opt/prompt-outbox": str(tmp_path / "venv")}
+    for argv in build_stage(image):
+        for i, arg in enumerate(argv):
+            for old, new in where.items():
+                arg = arg.replace(old, new)
+            argv[i] = arg
+        if argv[0] == "python":
+            argv[0] = sys.executable
+        argv = [p for a in argv for p in (sorted(glob.glob(a)) if "*" in a else [a])]
+        done = subprocess.run(argv, cwd=DEPLOY.parent, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    run_image(image, tokens, tmp_path, str(tmp_path / "venv" / "bin"))
 
 
 # --- compose ----------------------------------------------------------------------------------
