@@ -5,7 +5,9 @@ is written. The fixtures are dumps of real stores written by older checkouts
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +108,20 @@ async def test_an_older_format_is_raised_to_ours_and_ours_stays(client: Client) 
     outbox = Outbox(client, FAST)
     await outbox.accept("acme", "s1", "u", "c1", "hello")
     assert await client.get(FORMAT_KEY) == str(STORAGE_FORMAT).encode()
+
+
+async def test_the_cli_says_so_in_one_line(client: Client, server_url: str) -> None:
+    await Outbox(client, FAST).accept("acme", "s1", "u", "c1", "something to park")
+    await client.set(FORMAT_KEY, str(STORAGE_FORMAT + 1))  # a newer version came since
+    cli = Path(sys.executable).parent / "prompt-outbox"
+    done = await asyncio.create_subprocess_exec(
+        *(str(cli), "park", "acme", "--reason", "ops", "--valkey-url", server_url),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(done.communicate(), 60)
+    stderr = err.decode()
+    assert done.returncode == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    assert f"storage format {STORAGE_FORMAT + 1}, newer" in stderr, stderr
+    assert [e.status for e in await Outbox(client, FAST).list("acme", "s1")] == ["pending"]

@@ -53,6 +53,7 @@ from .scripts import sources
 from .turnstore import TurnStore
 from .walk import Walk
 
+_READS = frozenset({"snapshot", "tally"})  # scripts that write nothing: no format check
 _CLAIM_MARKER_TTL_MS = 3_600_000  # far longer than any retry of one completion
 
 UNAVAILABLE: tuple[type[Exception], ...] = (
@@ -123,7 +124,7 @@ class Store:
         self._format_recorded = True
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if not self._format_recorded:
+        if not self._format_recorded and name not in _READS:
             await self.record_format()
         if self._pipe is None:  # a cluster: alone (autopipe.py)
             return await self._scripts[name](keys=list(keys), args=list(args))
