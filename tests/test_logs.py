@@ -87,6 +87,9 @@ def test_json_logs_name_each_delivery_and_failed_for_good_is_a_warning(tmp_path:
         )
         assert sent.headers["x-request-id"] == "client-chosen-42"
         [delivered] = wait_for(log, lambda r: r["message"] == "delivered")
+        agent.actions = [(202, b"{not json")]  # the deliverer's own warning, naming the entry
+        post = httpx.post(f"{base}/s-turn/prompts", json={"clientMessageID": "m3", "text": "z"})
+        [unread] = wait_for(log, lambda r: r["message"].startswith("webhook answered 202"))
         hostile = "a" * 129
         for bad in (hostile, "two words", "tab\there"):
             answer = httpx.get(f"{base}/s-ok/prompts", headers={"X-Request-ID": bad})
@@ -101,6 +104,9 @@ def test_json_logs_name_each_delivery_and_failed_for_good_is_a_warning(tmp_path:
     assert delivered["level"] == "INFO"
     assert (delivered["workspace"], delivered["session"]) == (WS, "s-ok")
     assert delivered["entry"] == sent.json()["id"] and delivered["attempt"] == 1
+    # The session's delivery step bound the workspace and session for the deliverer's record.
+    assert (unread["workspace"], unread["session"]) == (WS, "s-turn")
+    assert unread["entry"] == post.json()["id"]
     everything = records(log)  # every line parsed as JSON, uvicorn's included
     assert {"time", "level", "logger", "message"} <= set(everything[0])
     started = [r for r in everything if r["message"].startswith("Uvicorn running on")]

@@ -29,6 +29,7 @@ from ..core.callbacks import (
     TurnWatcher,
 )
 from ..core.keys import SessionKeys, WorkspaceKeys
+from ..core.logctx import log_context
 from ..core.metrics import Metrics
 from ..core.settings import Tunables
 from ..storage.store import TRANSIENT_ERRORS, Store
@@ -307,9 +308,11 @@ class Turns:
         gate = asyncio.Semaphore(_ASKS_AT_ONCE)
 
         async def one(ws: str, ses: str, mine: Owned) -> None:
+            # The deliverer's records of the ask name the turn's session (a drain's do too).
             async with gate:
                 k = SessionKeys(ws, ses)
-                state, reason = await self._ask(k, mine.turn, deliverer)
+                with log_context(workspace=ws, session=ses, turn=mine.turn):
+                    state, reason = await self._ask(k, mine.turn, deliverer)
                 if state is TurnState.ENDED:
                     await self.end(k, mine.turn)
                 elif (state is TurnState.UNKNOWN) != mine.unsure:
