@@ -6,6 +6,7 @@ Against a real Valkey (and the cluster: the ring key is named inside the scripts
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from prompt_outbox import Entry, Outbox, Turn, ambiguous
@@ -16,6 +17,9 @@ from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.series import SERIES_SLOTS
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, ManualClock
+from tests.test_api import ALICE, URL
+
+BOB = {"Authorization": "Bearer bob-token"}  # tests/test_api.py's token of workspace "other"
 
 pytestmark = pytest.mark.cluster_too
 
@@ -93,3 +97,28 @@ async def test_history_lists_delivered_prompts_with_their_turns(client: Client) 
     ]
     assert got[0].sent_ms >= got[1].sent_ms >= got[2].sent_ms > 0
     assert await outbox.overview.history(WS, "nobody") == []
+
+
+async def test_the_routes_answer_a_workspaces_own_token_only(
+    http: httpx.AsyncClient, outbox: Outbox
+) -> None:
+    r = await http.post(URL, json={"clientMessageID": "m1", "text": "hi"}, headers=ALICE)
+    assert r.status_code == 202, r.text
+    assert await outbox.deliver_once("acme", "chat-1", ScriptedAgent())
+    r = await http.get("/v1/workspaces/acme/series", params={"minutes": 3}, headers=ALICE)
+    assert r.status_code == 200, r.text
+    minutes = r.json()["minutes"]
+    assert len(minutes) == 3 and minutes[-1]["accepted"] == minutes[-1]["delivered"] == 1
+    assert minutes[-1]["failed"] == 0 and minutes[-1]["oldestPendingFor"] == 0
+    assert minutes[-1]["at"].endswith(":00.000000Z")
+    r = await http.get("/v1/workspaces/acme/sessions/chat-1/history", headers=ALICE)
+    assert r.status_code == 200, r.text
+    [d] = r.json()["delivered"]
+    assert d["turn"] is None and d["turnFor"] is None and d["sentAt"].endswith("Z")
+    # Another tenant's token sees neither: 403, as for every route of the workspace.
+    for path in ("/v1/workspaces/acme/series", "/v1/workspaces/acme/sessions/chat-1/history"):
+        r = await http.get(path, headers=BOB)
+        assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
+    for bad in ({"minutes": 0}, {"minutes": 61}, {"minutes": "x"}):
+        r = await http.get("/v1/workspaces/acme/series", params=bad, headers=ALICE)
+        assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text

@@ -749,3 +749,72 @@ def test_hostile_texts_are_shown_as_text_and_nothing_runs(
     if os.environ.get("UI_SCREENSHOTS_TO_DOCS"):  # make ui-screenshots: the README's images
         for name, path in shots.items():
             (DOCS / name).write_bytes(path.read_bytes())
+
+
+def test_the_workspace_charts_its_last_hour_and_a_session_its_history(
+    stack: tuple[str, Agent], browser: Browser, tmp_path: Path
+) -> None:
+    """Issue 24: the workspace view charts its last hour from GET .../series (accepted,
+    delivered, failed per minute; the oldest pending entry's age), and a session view lists
+    its delivered prompts with when and how long their turn took (GET .../history). Its own
+    workspace: the totals are exactly what this test sent."""
+    from playwright.sync_api import expect
+
+    origin, agent = stack
+    agent.failing, agent.release = True, threading.Event()
+    ws = "charts"
+    turn_id = agent.turn_id = "turn-charts"
+    plain = [accept(origin, ADMIN, ws, "plain", f"summarize file {i}") for i in range(3)]
+    failed = accept(origin, ADMIN, ws, "plain", "fail: drop the table")
+    turned = accept(origin, ADMIN, ws, "work", "turn: refactor the parser")
+    waiting = accept(origin, ADMIN, ws, "work", "then: run the tests")  # behind the turn
+    with opened(browser) as (page, seen):
+        page.goto(f"{origin}/ui/#/ws/{ws}")
+        sign_in(page, ADMIN)
+        charts = page.locator("#charts")
+        # Every prompt but the one behind the turn has gone (or failed): wait on the page.
+        expect(charts.locator('[data-chart="delivered"]')).to_have_attribute("data-total", "4")
+        expect(charts.locator('[data-chart="accepted"]')).to_have_attribute("data-total", "6")
+        expect(charts.locator('[data-chart="failed"]')).to_have_attribute("data-total", "1")
+        expect(charts.locator('[data-chart="accepted"] figcaption')).to_contain_text(
+            "Accepted 6 in the hour"
+        )
+        expect(charts.locator('[data-chart="accepted"] rect')).to_have_count(60)
+        oldest = charts.locator('[data-chart="oldest"]')
+        expect(oldest.locator("figcaption")).to_contain_text(" now")  # one waits behind the turn
+        expect(oldest.locator("figcaption")).not_to_contain_text("none pending")
+        assert [e["id"] for e in listing(origin, ws, "work")] == [waiting]
+        shot = tmp_path / "ui-dashboard.png"
+        page.screenshot(path=str(shot))
+
+        agent.turns.discard(turn_id)
+        r = httpx.post(
+            origin + turn_end_path(ws, "work", turn_id),
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+        assert r.status_code == 200 and r.json()["ended"] is True, r.text
+        go(page, f"#/ws/{ws}/s/work")
+        history = page.locator("#history")
+        expect(history.locator(f'li[data-entry="{waiting}"]')).to_contain_text("no turn")
+        done = history.locator(f'li[data-entry="{turned}"]')
+        expect(done).to_contain_text(f"turn {turn_id} took ")
+        expect(done).to_contain_text("sent ")
+        assert float(done.get_attribute("data-turn-seconds") or "-1") >= 0
+        expect(history.locator("li")).to_have_count(2)  # newest first
+        assert history.locator("li").first.get_attribute("data-entry") == waiting
+
+        go(page, f"#/ws/{ws}/s/plain")
+        expect(history.locator("li")).to_have_count(3)  # the failed one was never delivered
+        assert (
+            history.locator("li").evaluate_all("(l) => l.map((e) => e.dataset.entry)")
+            == (plain[::-1])
+        )
+        assert failed not in history.inner_text()
+
+        go(page, f"#/ws/{ws}")  # a new view asks again: everything done, nothing pending
+        expect(charts.locator('[data-chart="delivered"]')).to_have_attribute("data-total", "5")
+        expect(oldest).to_have_attribute("data-now", "0")
+        expect(oldest.locator("figcaption")).to_contain_text("none pending now")
+        assert seen.unexpected(401) == [] and seen.dialogs == []
+    if os.environ.get("UI_SCREENSHOTS_TO_DOCS"):  # make ui-screenshots
+        (DOCS / "ui-dashboard.png").write_bytes(shot.read_bytes())

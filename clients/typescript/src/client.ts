@@ -16,11 +16,13 @@ import type {
   EntryList,
   Me,
   Retried,
+  SessionHistory,
   SessionPage,
   Ticket,
   TurnInfo,
   WhileBusy,
   WorkspacePage,
+  WorkspaceSeries,
 } from "./types.js";
 import {
   watchSession,
@@ -265,6 +267,34 @@ export class OutboxClient {
     const path = `/v1/workspaces/${encodeURIComponent(ws)}/sessions`;
     return this.transport.json<SessionPage>("GET", path, {
       query: pageQuery(options),
+      signal: options.signal,
+    });
+  }
+
+  /**
+   * The workspace's last minutes (`minutes`, 1 to 60, default 60), oldest first: prompts
+   * accepted, delivered and failed each minute, and how long its oldest pending entry had
+   * waited at the minute's end (`oldestPendingFor`, ns; null when not known).
+   */
+  async series(ws: string, options: CallOptions & { minutes?: number } = {}): Promise<WorkspaceSeries> {
+    const path = `/v1/workspaces/${encodeURIComponent(ws)}/series`;
+    const minutes = options.minutes === undefined ? undefined : String(options.minutes);
+    return this.transport.json<WorkspaceSeries>("GET", path, { query: { minutes }, signal: options.signal });
+  }
+
+  /**
+   * The session's recently delivered prompts, newest first: when each was sent and its turn
+   * (ID, how long it took in ns, why it ended; null while it runs), from the newest `events`
+   * (1 to 200, default 100) of its event log.
+   */
+  async history(
+    ws: string,
+    ses: string,
+    options: CallOptions & { events?: number } = {},
+  ): Promise<SessionHistory> {
+    const events = options.events === undefined ? undefined : String(options.events);
+    return this.transport.json<SessionHistory>("GET", sessionPath(ws, ses, "/history"), {
+      query: { events },
       signal: options.signal,
     });
   }

@@ -33,8 +33,9 @@ export interface paths {
         };
         /**
          * Metrics
-         * @description Prometheus text: this process's counters and histograms, and the entries by status as
-         *     last counted (at most ``--metrics-count-interval`` seconds ago).
+         * @description Prometheus text: this process's counters and histograms, its process metrics, and the
+         *     entries by status, the oldest pending entry and the sessions in turn as last counted (at
+         *     most ``--metrics-count-interval`` seconds ago).
          */
         get: operations["metrics_metrics_get"];
         put?: never;
@@ -208,6 +209,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/workspaces/{ws}/series": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Workspace Series
+         * @description The workspace's last minutes, oldest first: prompts accepted, delivered and failed
+         *     each minute, and how long its oldest pending entry had waited (the queue page's charts).
+         *     Kept by the transitions in a two-hour ring, so this costs two small reads.
+         */
+        get: operations["workspace_series_v1_workspaces__ws__series_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces/{ws}/sessions": {
         parameters: {
             query?: never;
@@ -287,6 +310,28 @@ export interface paths {
          *     bearer token, or ``?ticket=`` (a stream ticket, for a browser's EventSource).
          */
         get: operations["session_events_v1_workspaces__ws__sessions__ses__events_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces/{ws}/sessions/{ses}/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Session History
+         * @description The session's recently delivered prompts, newest first, with when and how long their
+         *     turn took: read from the newest ``events`` of its event log (which keeps
+         *     ``event_log_len`` events for ``event_log_ttl``).
+         */
+        get: operations["session_history_v1_workspaces__ws__sessions__ses__history_get"];
         put?: never;
         post?: never;
         delete?: never;
@@ -497,6 +542,37 @@ export interface components {
             /** Verifying */
             verifying: number;
         };
+        /**
+         * DeliveredOut
+         * @description A delivered prompt of a session's recent history.
+         */
+        DeliveredOut: {
+            /**
+             * Id
+             * @description the entry ID
+             */
+            id: string;
+            /**
+             * Sentat
+             * @description when its send was claimed (RFC 3339, Valkey's clock)
+             */
+            sentAt: string;
+            /**
+             * Turn
+             * @description the agent turn it started; null: none
+             */
+            turn: string | null;
+            /**
+             * Turnended
+             * @description why its turn ended (ended, ceiling, unreachable...); null while it runs
+             */
+            turnEnded: string | null;
+            /**
+             * Turnfor
+             * @description how long its turn took (nanoseconds, as inFlightFor); null while it runs or when unknown
+             */
+            turnFor: number | null;
+        };
         /** EditedOut */
         EditedOut: {
             /**
@@ -589,6 +665,14 @@ export interface components {
              */
             id?: string | null;
         };
+        /** HistoryOut */
+        HistoryOut: {
+            /**
+             * Delivered
+             * @description newest first
+             */
+            delivered: components["schemas"]["DeliveredOut"][];
+        };
         /** MeOut */
         MeOut: {
             /** Admin */
@@ -600,6 +684,37 @@ export interface components {
              * @description the workspaces the token may use (admin: any)
              */
             workspaces: string[];
+        };
+        /**
+         * MinuteOut
+         * @description One minute of a workspace's series.
+         */
+        MinuteOut: {
+            /**
+             * Accepted
+             * @description prompts accepted in the minute
+             */
+            accepted: number;
+            /**
+             * At
+             * @description the minute's start, RFC 3339
+             */
+            at: string;
+            /**
+             * Delivered
+             * @description prompts claimed delivered in the minute
+             */
+            delivered: number;
+            /**
+             * Failed
+             * @description prompts moved into error in the minute
+             */
+            failed: number;
+            /**
+             * Oldestpendingfor
+             * @description how long the oldest pending entry had waited at the minute's end (nanoseconds, as inFlightFor); 0 when none was pending, null when not known
+             */
+            oldestPendingFor: number | null;
         };
         /** ParkIn */
         ParkIn: {
@@ -618,6 +733,14 @@ export interface components {
              * @constant
              */
             status: "pending";
+        };
+        /** SeriesOut */
+        SeriesOut: {
+            /**
+             * Minutes
+             * @description oldest first, the current minute last
+             */
+            minutes: components["schemas"]["MinuteOut"][];
         };
         /** SessionOut */
         SessionOut: {
@@ -1435,6 +1558,95 @@ export interface operations {
             };
         };
     };
+    workspace_series_v1_workspaces__ws__series_get: {
+        parameters: {
+            query?: {
+                /** @description minutes to cover, up to now */
+                minutes?: number;
+            };
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SeriesOut"];
+                };
+            };
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     list_sessions_v1_workspaces__ws__sessions_get: {
         parameters: {
             query?: {
@@ -1797,6 +2009,97 @@ export interface operations {
             };
             /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    session_history_v1_workspaces__ws__sessions__ses__history_get: {
+        parameters: {
+            query?: {
+                /** @description newest log events to look at */
+                events?: number;
+            };
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+                /** @description session ID */
+                ses: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HistoryOut"];
+                };
+            };
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -36,6 +36,14 @@ export type WorkspacePage = Schemas["WorkspacePage"];
 export type SessionSummary = Schemas["SessionOut"];
 /** A page of a workspace's sessions, busiest first, and the cursor of the next. */
 export type SessionPage = Schemas["SessionPage"];
+/** One minute of a workspace's series: `{at, accepted, delivered, failed, oldestPendingFor}` (ns). */
+export type SeriesMinute = Schemas["MinuteOut"];
+/** The answer to `series()`: `{minutes}`, oldest first, the current minute last. */
+export type WorkspaceSeries = Schemas["SeriesOut"];
+/** A delivered prompt of a session's history: `{id, sentAt, turn, turnFor, turnEnded}`. */
+export type DeliveredPrompt = Schemas["DeliveredOut"];
+/** The answer to `history()`: `{delivered}`, newest first. */
+export type SessionHistory = Schemas["HistoryOut"];
 /** A bulk action's answer: `{done, busy}` (the sessions a delivery held: try again). */
 export type BulkResult = Schemas["BulkOut"];
 /** Who the token speaks for: `{user, admin, workspaces}`. */

@@ -9,10 +9,12 @@ export { OutboxClient, OutboxError } from "../../typescript/src/index.js";
 export type {
   BulkResult,
   Counts,
+  DeliveredPrompt,
   Entry,
   EntryStatus,
   Me,
   QueueUpdate,
+  SeriesMinute,
   SessionSummary,
   TurnNews,
   WatchHandle,

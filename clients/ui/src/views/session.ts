@@ -13,6 +13,9 @@
  * ends). A reset with no pending entry cannot tell, so the page asks the turn route once
  * (`client.turn`: the turn with its ID and age, or none).
  *
+ * Under the queue, the session's recent history (`history.ts`): its delivered prompts with
+ * when and how long their turn took, asked again after each `sent` or `turn_ended` update.
+ *
  * @module
  */
 import { OutboxError, type Entry, type QueueUpdate, type TurnNews, type WatchHandle } from "../client.js";
@@ -20,6 +23,7 @@ import type { Ctx, View } from "../context.js";
 import { button, h, replace, setText } from "../dom.js";
 import { age, duration, nsToSeconds, until } from "../format.js";
 import { act, ask, errorsToolbar, explain, pill } from "../widgets.js";
+import { showHistory } from "./history.js";
 
 const PREVIEW = 120;
 /** How long the page waits for the turn route's answer after a reset (then it stays unknown). */
@@ -191,6 +195,9 @@ class SessionView implements View {
   private readonly problem = h("p", { class: "error-box", hidden: true });
   /** The turn line: "agent working ..." while in turn, then how the last turn ended. */
   private readonly turnLine = h("p", { class: "turn-line", id: "turn", role: "status", hidden: true });
+  /** The delivered prompts, newest first (`history.ts`). */
+  private readonly history = h("ul", { class: "rows", id: "history" });
+  private historyAsk: AbortController | null = null;
   private current: TurnShown | null = null;
   private lastTurn: TurnNews | null = null;
   private entries: Entry[] = [];
@@ -216,8 +223,11 @@ class SessionView implements View {
       this.problem,
       this.turnLine,
       this.list,
+      h("h2", {}, "Recently delivered"),
+      this.history,
     );
     this.render();
+    this.loadHistory();
     this.watch = client.watch(ws, ses, {
       onOpen: () => this.setLive("live", "live"),
       onReset: ({ entries, eventId }) => {
@@ -235,6 +245,7 @@ class SessionView implements View {
         this.list.dataset["eventId"] = update.eventId;
         this.apply(update);
         this.render();
+        if (update.kind === "sent" || update.kind === "turn_ended") this.loadHistory();
       },
       onError: (err, willRetry) => {
         if (willRetry) {
@@ -257,6 +268,22 @@ class SessionView implements View {
     this.watch.close();
     clearInterval(this.clock);
     this.supersedeAsk();
+    this.historyAsk?.abort();
+  }
+
+  /** Ask for the history again (a newer ask supersedes one in flight); a failure shows there. */
+  private loadHistory(): void {
+    this.historyAsk?.abort();
+    const asking = new AbortController();
+    this.historyAsk = asking;
+    this.ctx.client
+      .history(this.ws, this.ses, { signal: asking.signal })
+      .then(({ delivered }) => {
+        if (!asking.signal.aborted) showHistory(this.history, delivered, Date.now());
+      })
+      .catch((err: unknown) => {
+        if (!asking.signal.aborted) replace(this.history, h("li", { class: "error-box" }, explain(err)));
+      });
   }
 
   /** The session's turn, while the agent works on a delivered prompt; null otherwise. */

@@ -4,15 +4,20 @@
  * for a session in turn, how long the agent has been working (a session in turn with no
  * entry left is not listed: the overview lists sessions that hold entries);
  * bulk retry / dismiss of the workspace's error entries; for an admin token, park (with a
- * reason), unpark and sweep.
+ * reason), unpark and sweep. Over them, the last hour as small charts (`charts.ts`):
+ * prompts accepted, delivered and failed per minute and the oldest pending entry's age.
  *
  * @module
  */
+import { showSeries } from "../charts.js";
 import type { SessionSummary } from "../client.js";
 import { every, REFRESH_MS, type Ctx, type View } from "../context.js";
 import { button, h, replace } from "../dom.js";
 import { sessionHash } from "../routes.js";
 import { act, ask, countPills, errorsToolbar, Pager, showError, waited } from "../widgets.js";
+
+/** How often the charts ask again: the series moves by the minute. */
+const SERIES_MS = 10_000;
 
 function row(ws: string, s: SessionSummary): HTMLElement {
   const inTurn = s.inTurnFor !== null && s.inTurnFor !== undefined;
@@ -82,12 +87,15 @@ export function workspaceView(ctx: Ctx, ws: string): View {
     }),
   );
 
+  const charts = h("div", { class: "charts", id: "charts" });
   const el = h(
     "section",
     { class: "view" },
     h("h1", {}, h("span", { class: "muted" }, "Workspace "), ws),
     bulk,
     admin,
+    h("h2", {}, "Last hour"),
+    charts,
     h("h2", {}, "Sessions, busiest first"),
     body,
     pager.el,
@@ -104,6 +112,13 @@ export function workspaceView(ctx: Ctx, ws: string): View {
     if (body.firstChild !== list) replace(body, list);
   }
 
-  const stop = every(ctx, REFRESH_MS, load, (err) => showError(body, err));
-  return { el, stop };
+  async function loadSeries(signal: AbortSignal): Promise<void> {
+    showSeries(charts, (await client.series(ws, { signal })).minutes);
+  }
+
+  const stops = [
+    every(ctx, REFRESH_MS, load, (err) => showError(body, err)),
+    every(ctx, SERIES_MS, loadSeries, (err) => showError(charts, err)),
+  ];
+  return { el, stop: () => stops.forEach((stop) => stop()) };
 }

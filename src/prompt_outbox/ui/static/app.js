@@ -869,6 +869,28 @@ var OutboxClient = class {
     });
   }
   /**
+   * The workspace's last minutes (`minutes`, 1 to 60, default 60), oldest first: prompts
+   * accepted, delivered and failed each minute, and how long its oldest pending entry had
+   * waited at the minute's end (`oldestPendingFor`, ns; null when not known).
+   */
+  async series(ws, options = {}) {
+    const path = `/v1/workspaces/${encodeURIComponent(ws)}/series`;
+    const minutes = options.minutes === void 0 ? void 0 : String(options.minutes);
+    return this.transport.json("GET", path, { query: { minutes }, signal: options.signal });
+  }
+  /**
+   * The session's recently delivered prompts, newest first: when each was sent and its turn
+   * (ID, how long it took in ns, why it ended; null while it runs), from the newest `events`
+   * (1 to 200, default 100) of its event log.
+   */
+  async history(ws, ses, options = {}) {
+    const events = options.events === void 0 ? void 0 : String(options.events);
+    return this.transport.json("GET", sessionPath(ws, ses, "/history"), {
+      query: { events },
+      signal: options.signal
+    });
+  }
+  /**
    * Re-arm every error entry of the session, or of every session of the workspace when `ses`
    * is left out. Sessions a delivery holds are skipped and named in `busy` (try again).
    */
@@ -1166,6 +1188,37 @@ function showError(parent, err) {
   replace(parent, h("p", { class: "error-box" }, explain(err)));
 }
 
+// src/views/history.ts
+function turnText(d) {
+  if (d.turn === null || d.turn === void 0) return "no turn";
+  const took = nsToSeconds(d.turnFor);
+  if (d.turnEnded === null || d.turnEnded === void 0) return `turn ${d.turn} running`;
+  const why = d.turnEnded === "ended" ? "" : ` (${d.turnEnded})`;
+  return took === null ? `turn ${d.turn} ended${why}` : `turn ${d.turn} took ${duration(took)}${why}`;
+}
+function showHistory(list, delivered, now) {
+  if (delivered.length === 0) {
+    replace(list, h("li", { class: "empty muted" }, "Nothing delivered lately."));
+    return;
+  }
+  replace(
+    list,
+    ...delivered.map(
+      (d) => h(
+        "li",
+        { class: "row", "data-entry": d.id, "data-turn-seconds": nsToSeconds(d.turnFor) ?? "" },
+        h("code", { class: "name" }, d.id),
+        h(
+          "span",
+          { class: "facts" },
+          h("span", { class: "fact", title: d.sentAt }, `sent ${age(d.sentAt, now)} ago`),
+          h("span", { class: "fact turn" }, turnText(d))
+        )
+      )
+    )
+  );
+}
+
 // src/views/session.ts
 var PREVIEW = 120;
 var TURN_ASK_MS = 1e4;
@@ -1318,9 +1371,12 @@ var SessionView = class {
       bulk,
       this.problem,
       this.turnLine,
-      this.list
+      this.list,
+      h("h2", {}, "Recently delivered"),
+      this.history
     );
     this.render();
+    this.loadHistory();
     this.watch = client.watch(ws, ses, {
       onOpen: () => this.setLive("live", "live"),
       onReset: ({ entries, eventId }) => {
@@ -1338,6 +1394,7 @@ var SessionView = class {
         this.list.dataset["eventId"] = update.eventId;
         this.apply(update);
         this.render();
+        if (update.kind === "sent" || update.kind === "turn_ended") this.loadHistory();
       },
       onError: (err, willRetry) => {
         if (willRetry) {
@@ -1364,6 +1421,9 @@ var SessionView = class {
   problem = h("p", { class: "error-box", hidden: true });
   /** The turn line: "agent working ..." while in turn, then how the last turn ended. */
   turnLine = h("p", { class: "turn-line", id: "turn", role: "status", hidden: true });
+  /** The delivered prompts, newest first (`history.ts`). */
+  history = h("ul", { class: "rows", id: "history" });
+  historyAsk = null;
   current = null;
   lastTurn = null;
   entries = [];
@@ -1377,6 +1437,18 @@ var SessionView = class {
     this.watch.close();
     clearInterval(this.clock);
     this.supersedeAsk();
+    this.historyAsk?.abort();
+  }
+  /** Ask for the history again (a newer ask supersedes one in flight); a failure shows there. */
+  loadHistory() {
+    this.historyAsk?.abort();
+    const asking = new AbortController();
+    this.historyAsk = asking;
+    this.ctx.client.history(this.ws, this.ses, { signal: asking.signal }).then(({ delivered }) => {
+      if (!asking.signal.aborted) showHistory(this.history, delivered, Date.now());
+    }).catch((err) => {
+      if (!asking.signal.aborted) replace(this.history, h("li", { class: "error-box" }, explain(err)));
+    });
   }
   /** The session's turn, while the agent works on a delivered prompt; null otherwise. */
   turn() {
@@ -1501,6 +1573,87 @@ function sessionView(ctx2, ws, ses) {
   return new SessionView(ctx2, ws, ses);
 }
 
+// src/charts.ts
+var SVG = "http://www.w3.org/2000/svg";
+var W = 240;
+var H = 48;
+function floor() {
+  return svg("line", { x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5, class: "floor" });
+}
+function svg(tag, attrs) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs)) el.setAttribute(name, String(value));
+  return el;
+}
+function clock(iso) {
+  const t = new Date(iso);
+  return `${String(t.getHours()).padStart(2, "0")}:${String(t.getMinutes()).padStart(2, "0")}`;
+}
+function bars(name, label, minutes, pick) {
+  const values = minutes.map(pick);
+  const total = values.reduce((a, b) => a + b, 0);
+  const peak = Math.max(0, ...values);
+  const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "plot", role: "img", "aria-label": `${label} per minute` });
+  const step = W / Math.max(1, values.length);
+  plot.append(floor());
+  values.forEach((v, i) => {
+    const height = v > 0 ? Math.max(1, v / peak * (H - 2)) : 0;
+    const bar = svg("rect", { x: i * step, y: H - height, width: Math.max(1, step - 1), height, "data-value": v });
+    const tip = svg("title", {});
+    tip.textContent = `${clock(minutes[i]?.at ?? "")}: ${v}`;
+    bar.append(tip);
+    plot.append(bar);
+  });
+  return h(
+    "figure",
+    { class: `chart chart-${name}`, "data-chart": name, "data-total": total, "data-peak": peak },
+    plot,
+    h("figcaption", {}, h("b", {}, label), ` ${total} in the hour, peak ${peak}/min`)
+  );
+}
+function ages(minutes) {
+  const seconds = minutes.map((m) => nsToSeconds(m.oldestPendingFor));
+  const known = seconds.filter((s) => s !== null);
+  const top = Math.max(1, ...known);
+  const step = W / Math.max(1, seconds.length - 1);
+  const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "plot", role: "img", "aria-label": "oldest pending age" });
+  const points = [];
+  seconds.forEach((s, i) => {
+    if (s === null) return;
+    const x = i * step;
+    const y = H - 1 - s / top * (H - 2);
+    points.push(`${x.toFixed(1)},${y.toFixed(1)}`);
+    const dot = svg("circle", { cx: x.toFixed(1), cy: y.toFixed(1), r: 1.2, "data-value": Math.round(s) });
+    const tip = svg("title", {});
+    tip.textContent = `${clock(minutes[i]?.at ?? "")}: ${duration(s)}`;
+    dot.append(tip);
+    plot.append(dot);
+  });
+  plot.prepend(floor(), svg("polyline", { points: points.join(" "), fill: "none" }));
+  const now = seconds[seconds.length - 1] ?? null;
+  return h(
+    "figure",
+    { class: "chart chart-oldest", "data-chart": "oldest", "data-now": now === null ? "" : Math.round(now), "data-peak": Math.round(Math.max(0, ...known)) },
+    plot,
+    h(
+      "figcaption",
+      {},
+      h("b", {}, "Oldest pending"),
+      now === null ? " not known" : now === 0 ? " none pending now" : ` ${duration(now)} now`,
+      known.length > 0 ? `, at most ${duration(Math.max(...known))}` : ""
+    )
+  );
+}
+function showSeries(el, minutes) {
+  replace(
+    el,
+    bars("accepted", "Accepted", minutes, (m) => m.accepted),
+    bars("delivered", "Delivered", minutes, (m) => m.delivered),
+    bars("failed", "Failed", minutes, (m) => m.failed),
+    ages(minutes)
+  );
+}
+
 // src/context.ts
 var REFRESH_MS = 2e3;
 function every(ctx2, ms, fn, fail) {
@@ -1529,6 +1682,7 @@ function every(ctx2, ms, fn, fail) {
 }
 
 // src/views/workspace.ts
+var SERIES_MS = 1e4;
 function row(ws, s) {
   const inTurn = s.inTurnFor !== null && s.inTurnFor !== void 0;
   return h(
@@ -1589,12 +1743,15 @@ function workspaceView(ctx2, ws) {
       await refresh();
     })
   );
+  const charts = h("div", { class: "charts", id: "charts" });
   const el = h(
     "section",
     { class: "view" },
     h("h1", {}, h("span", { class: "muted" }, "Workspace "), ws),
     bulk,
     admin,
+    h("h2", {}, "Last hour"),
+    charts,
     h("h2", {}, "Sessions, busiest first"),
     body,
     pager.el
@@ -1609,8 +1766,14 @@ function workspaceView(ctx2, ws) {
     }
     if (body.firstChild !== list) replace(body, list);
   }
-  const stop = every(ctx2, REFRESH_MS, load, (err) => showError(body, err));
-  return { el, stop };
+  async function loadSeries(signal) {
+    showSeries(charts, (await client.series(ws, { signal })).minutes);
+  }
+  const stops = [
+    every(ctx2, REFRESH_MS, load, (err) => showError(body, err)),
+    every(ctx2, SERIES_MS, loadSeries, (err) => showError(charts, err))
+  ];
+  return { el, stop: () => stops.forEach((stop) => stop()) };
 }
 
 // src/views/workspaces.ts
