@@ -199,8 +199,8 @@ async def run_api(
     default=False,
     show_default=True,
     envvar="PROMPT_OUTBOX_ACCESS_LOG",
-    help="one line per request on stdout (off by default: each line costs CPU on the request "
-    "path; docs/performance.md has the figure)",
+    help="one log record per request, uvicorn.access, with its request_id (off by default: each "
+    "costs CPU on the request path; docs/performance.md has the figure)",
 )
 @click.option(
     "--cors-origin",
