@@ -7,8 +7,6 @@ durability steps down to ``none`` and says so, a chosen ``fsync`` refuses to sta
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ import pytest
 import valkey
 
 from prompt_outbox.embedded import free_port
+from tests.test_deploy import tool  # skipped without it here, a failure on CI
 from tests.test_sentinel import process
 from tests.test_serve import BIN, post_five, wait_delivered_in_order, wait_healthy
 from tests.test_webhook import receiver
@@ -27,16 +26,6 @@ PASSWORD = "s3cret-app"
 # The least the outbox needs (docs/deploy.md, "TLS and ACL users"): its own keys and channels,
 # no dangerous command but the two reads its durability check makes.
 ACL = ["~outbox*", "&outbox*", "+@all", "-@dangerous", "+info", "+config|get"]
-
-
-def tool(name: str) -> str:
-    """Skipped without it here, a failure on CI (``make test`` installs it)."""
-    found = shutil.which(name)
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing on CI (make test installs it)")
-        pytest.skip(f"{name} is not installed (make test installs it)")
-    return found
 
 
 def openssl(*args: str) -> None:
