@@ -124,10 +124,10 @@ client-types: $(STAMP)
 ui: $(STAMP)
 	$(BIN)/python -m devtools.ui
 
-# The README's screenshots of the queue page (docs/ui-desktop.png, docs/ui-phone.png), taken by the
-# browser test from the page as it is now.
+# The README's screenshots of the queue page (docs/ui-desktop.png, docs/ui-phone.png) and the
+# workspace's charts (docs/ui-dashboard.png), taken by the browser tests from the page as it is now.
 ui-screenshots: $(STAMP) $(CHROMIUM)
-	UI_SCREENSHOTS_TO_DOCS=1 $(BIN)/pytest -q tests/test_ui.py -k hostile
+	UI_SCREENSHOTS_TO_DOCS=1 $(BIN)/pytest -q tests/test_ui.py -k "hostile or charts"
 
 demo: $(STAMP)
 	$(BIN)/prompt-outbox demo
