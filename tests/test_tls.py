@@ -7,6 +7,7 @@ durability steps down to ``none`` and says so, a chosen ``fsync`` refuses to sta
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -44,6 +45,7 @@ class TLSServer:
     port: int
     ca: Path
     wrong_ca: Path
+    folder: Path  # its certificate (server.crt, server.key), its log
 
     def url(self, password: str = PASSWORD) -> str:
         return f"valkeys://app:{password}@127.0.0.1:{self.port}"
@@ -87,7 +89,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSServer]:
                 assert time.monotonic() < deadline, "redis-server with TLS did not answer"
                 time.sleep(0.05)
         node.close()
-        yield TLSServer(port, ca, wrong_ca)
+        yield TLSServer(port, ca, wrong_ca, folder)
     finally:
         proc.kill()
         proc.wait()
@@ -160,3 +162,39 @@ def test_tls_files_with_a_url_without_tls_are_refused(tls_server: TLSServer) -> 
     )  # fmt: skip
     assert done.returncode == 2
     assert "the Valkey URL has no TLS" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_tls_sentinel_url_finds_the_primary_over_tls(tls_server: TLSServer) -> None:
+    """``valkeys+sentinel://``: TLS to the sentinel (redis-server 7.0 in sentinel mode, TLS
+    only) and to the primary it names, with the CA given once; the sentinel logs in to the
+    primary as the same ACL user."""
+    folder, port = tls_server.folder, free_port()
+    conf = folder / f"sentinel-{port}.conf"
+    conf.write_text(
+        f"port 0\ntls-port {port}\nbind 127.0.0.1\ndir {folder}\n"
+        f"tls-cert-file {folder / 'server.crt'}\ntls-key-file {folder / 'server.key'}\n"
+        f"tls-ca-cert-file {tls_server.ca}\ntls-auth-clients no\ntls-replication yes\n"
+        f"sentinel monitor outbox 127.0.0.1 {tls_server.port} 1\n"
+        f"sentinel auth-user outbox app\nsentinel auth-pass outbox {PASSWORD}\n"
+    )
+    with (folder / "sentinel.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [tool("redis-server"), str(conf), "--sentinel"], stdout=log, stderr=log
+        )
+    try:
+        url = f"valkeys+sentinel://app:{PASSWORD}@127.0.0.1:{port}/outbox"
+        deadline = time.monotonic() + 20
+        while True:
+            done = run(
+                "stats", "--json", "--valkey-url", url, "--valkey-ca-file", str(tls_server.ca)
+            )
+            if done.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # the sentinel's first look at the primary
+        assert done.returncode == 0, done.stderr
+        assert isinstance(json.loads(done.stdout), dict)
+        # The same without the CA: the sentinel's certificate is refused, in one line.
+        one_clear_line(run("stats", "--valkey-url", url), "certificate verify failed")
+    finally:
+        proc.kill()
+        proc.wait()
