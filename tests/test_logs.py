@@ -20,8 +20,11 @@ from click.testing import CliRunner
 
 from prompt_outbox.cli import main
 from prompt_outbox.cli.logs import ContextFilter, JsonFormatter, TextFormatter
-from prompt_outbox.core.logctx import log_context
+from prompt_outbox.core.logctx import log_context, log_fields
 from prompt_outbox.embedded import free_port
+from prompt_outbox.storage.client import Client
+from prompt_outbox.storage.shardsub import ShardSubscriber
+from tests.conftest import eventually, holds
 from tests.test_serve import BIN, wait_healthy
 from tests.test_webhook import SECRET, receiver
 
@@ -149,3 +152,17 @@ def test_the_text_format_prints_the_context_as_key_value() -> None:
     )  # the record's own workspace wins over the bound one
     doc = json.loads(JsonFormatter().format(record))
     assert (doc["message"], doc["workspace"], doc["session"]) == ("sent it", "acme", "chat-1")
+
+
+async def test_the_shared_subscriptions_log_under_no_requests_id(client: Client) -> None:
+    """The event feed's subscription tasks are started by the first request that wants a
+    channel, and live on: their records must not carry that request's ID for ever."""
+    seen: list[dict[str, object]] = []
+    sub = ShardSubscriber(client, lambda _channel, _message: seen.append(dict(log_fields())))
+    try:
+        with log_context(request_id="the-first-stream"):
+            sub.add("chan:{ws}:s")
+        await eventually(lambda: holds(bool(seen)))  # its subscription confirmed, on its task
+    finally:
+        await sub.aclose()
+    assert "request_id" not in seen[0]

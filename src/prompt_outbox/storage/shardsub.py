@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from valkey.asyncio.cluster import ValkeyCluster
@@ -47,6 +48,13 @@ _NOT_CONNECTION_KWARGS = ("connection_class", "max_connections", "response_callb
 
 def _str(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _own_task(work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """A task of the subscriber's, whichever caller's ``add`` started it: in a context of
+    its own, so that its log records do not carry that caller's fields (an HTTP request's
+    ID, ``core/logctx.py``) for as long as the process runs."""
+    return asyncio.get_running_loop().create_task(work, context=contextvars.Context())
 
 
 class ShardSubscriber:
@@ -191,7 +199,7 @@ class ShardSubscriber:
     def _wake_router(self) -> None:
         self._kick.set()
         if self._router is None or self._router.done():
-            self._router = asyncio.get_running_loop().create_task(self._route_all())
+            self._router = _own_task(self._route_all())
 
     async def _route_all(self) -> None:
         """Give each unrouted channel to the link of the node that owns it; ends when none
@@ -279,7 +287,7 @@ class _Link:
     def _wake(self) -> None:
         self.kick.set()
         if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._run())
+            self.task = _own_task(self._run())
 
     async def _run(self) -> None:
         conn: AbstractConnection | None = None
@@ -322,7 +330,7 @@ class _Link:
                     await conn.disconnect()
             # A channel wanted while this task was closing: start over (want() saw it running).
             if self.channels and not self.owner.closed:
-                self.task = asyncio.get_running_loop().create_task(self._run())
+                self.task = _own_task(self._run())
 
     async def _sync(self, conn: AbstractConnection) -> None:
         """Send the (S)SUBSCRIBEs and SUNSUBSCRIBEs that make the connection match ``channels``,
