@@ -8,6 +8,7 @@ promoted replica (the dead primary cannot serve it)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -23,13 +24,18 @@ import httpx
 import pytest
 
 from prompt_outbox.embedded import free_port
+from prompt_outbox.storage.connect import connect
 from prompt_outbox.storage.sentinel import (
     SentinelURL,
     SentinelURLError,
     parse_sentinel_url,
 )
+from prompt_outbox.storage.shardsub import ShardSubscriber
+from tests.conftest import eventually, holds
+from tests.replication import node_client
 from tests.sentinel import SentinelGroup
 from tests.test_serve import BIN, wait_healthy
+from tests.test_shardsub import Heard, spublish
 from tests.test_webhook import SECRET, receiver
 
 ACCEPT_BOUND = 15.0  # seconds: durability_timeout 2 s plus a connect; a hang fails the test
@@ -267,3 +273,28 @@ def test_no_sentinel_answering_is_one_clear_line() -> None:
     assert done.returncode == 1
     [line] = done.stderr.strip().splitlines()
     assert "No master found for 'svc'" in line and f"127.0.0.1:{nobody}" in line
+
+
+async def test_shard_subscriptions_follow_a_sentinel_failover(tmp_path: Path) -> None:
+    """The wake-ups (sharded pub/sub, storage/shardsub.py) on a sentinel client: subscribed
+    on the primary; after it is SIGKILLed and a replica promoted, subscribed again there
+    (announced, so the reader looks back for what it missed), and a message published on the
+    new primary is heard."""
+    with SentinelGroup(tmp_path) as group:
+        client = connect(group.url, socket_timeout=5, socket_connect_timeout=2)
+        heard = Heard()
+        sub = ShardSubscriber(client, heard, retry_after=0.05)
+        try:
+            sub.add("outboxwake:{t}")
+            await eventually(lambda: holds(heard.subscribed["outboxwake:{t}"] == 1))
+            await spublish(client, "outboxwake:{t}", "before")
+            await eventually(lambda: holds(heard.messages["outboxwake:{t}"] == ["before"]))
+            old = group.kill_primary()
+            new = await asyncio.to_thread(group.wait_failover, old)
+            await eventually(lambda: holds(heard.subscribed["outboxwake:{t}"] >= 2), within=20)
+            with node_client(new) as primary:  # straight to the promoted replica
+                primary.execute_command("SPUBLISH", "outboxwake:{t}", "after")
+            await eventually(lambda: holds(heard.messages["outboxwake:{t}"][-1:] == ["after"]))
+        finally:
+            await sub.aclose()
+            await client.aclose()
