@@ -36,6 +36,7 @@ from valkey.crc import key_slot
 from valkey.exceptions import MovedError
 
 from .client import Client
+from .client import address as node_address
 
 log = logging.getLogger("prompt_outbox.storage")
 
@@ -223,8 +224,11 @@ class ShardSubscriber:
 
     async def _owners(self, channels: list[str]) -> dict[str, Address]:
         if not isinstance(self.client, ValkeyCluster):
-            kwargs = self.client.connection_pool.connection_kwargs
-            here = (str(kwargs.get("host", "")), int(kwargs.get("port", 0)))
+            # One node: the address only names the link (in logs). Through Sentinel it is the
+            # primary found last: the link's connection asks the sentinels itself.
+            name = node_address(self.client)
+            host, _, port = name.rpartition(":")
+            here = (host, int(port)) if port.isdigit() else (name, 0)
             return dict.fromkeys(channels, here)
         if self._slots is None:
             self._slots = await self._slot_map()
