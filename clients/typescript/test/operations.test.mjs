@@ -128,6 +128,35 @@ test("turn: the session's turn while it is held in one, null once it ended or wi
   assert.equal(await client.turn(WS, ses), null, "ended");
 });
 
+test("series and history: the workspace's last minutes, the session's delivered prompts with their turns; 403 for another workspace", { timeout: 30_000 }, async () => {
+  const ses = "s-history";
+  const first = await client.send(WS, ses, "turn: a short one");
+  const held = await until(() => client.turn(WS, ses), "the turn to be held");
+  const end = await fetch(env.serve.url + turnEndPath(WS, ses, held.turn), {
+    method: "POST",
+    headers: { Authorization: `Bearer ${TOKEN}` },
+  });
+  assert.equal(end.status, 200, await end.text());
+  const second = await client.send(WS, ses, "plain");
+  await delivered(env, ses, second.id);
+  const { delivered: done } = await until(async () => {
+    const h = await client.history(WS, ses, { events: 50 });
+    return h.delivered.length === 2 ? h : null;
+  }, "both in the history");
+  assert.deepEqual(done.map((d) => [d.id, d.turn, d.turnEnded]), [
+    [second.id, null, null],
+    [first.id, `t/${first.id}`, "ended"],
+  ]);
+  assert.ok(done[1].turnFor >= 0 && Date.parse(done[1].sentAt) > 0);
+  const { minutes } = await client.series(WS, { minutes: 5 });
+  assert.equal(minutes.length, 5);
+  assert.ok(minutes.reduce((n, m) => n + m.delivered, 0) >= 2, JSON.stringify(minutes));
+  assert.ok(Date.parse(minutes[4].at) > Date.parse(minutes[0].at));
+  const other = new OutboxClient({ baseUrl: env.serve.url, token: OTHER_TOKEN, backoff: FAST });
+  assert.equal((await refusal(other.series(WS))).status, 403);
+  assert.equal((await refusal(other.history(WS, ses))).status, 403);
+});
+
 test("no answer at all is an OutboxError too (status 0, network_error)", { timeout: 30_000 }, async () => {
   const down = new OutboxClient({ baseUrl: "http://127.0.0.1:1", token: TOKEN });
   const err = await refusal(down.list(WS, "s"));
