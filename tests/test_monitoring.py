@@ -10,6 +10,7 @@ annotations, nothing else."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import yaml
 
 from prompt_outbox import Entry, Outbox, Turn
 from prompt_outbox.core.keys import WorkspaceKeys
+from prompt_outbox.core.metrics import Metrics
 from prompt_outbox.embedded import free_port
 from prompt_outbox.storage.client import Client
 from tests.conftest import FAST, ManualClock, eventually
@@ -240,3 +242,10 @@ async def test_the_gauges_count_the_oldest_pending_and_the_sessions_in_turn(
 async def _held(client: Client, *workspaces: str) -> bool:
     held = [await client.hlen(WorkspaceKeys(ws).turns) for ws in workspaces]  # type: ignore[misc]
     return sum(held) == 3
+
+
+def test_the_gauges_say_not_counted_until_a_count() -> None:
+    # With --metrics-count-interval 0 nothing is ever counted: NaN, not a reassuring 0.
+    got = samples(Metrics().render(None).decode())
+    assert math.isnan(got[("prompt_outbox_oldest_pending_seconds", ())])
+    assert math.isnan(got[("prompt_outbox_in_turn", ())])

@@ -6,6 +6,7 @@ platform collectors)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -202,6 +203,9 @@ class Metrics:
             "prompt), as last counted. Turns sent by deliver_once (no worker) are not counted.",
             registry=r,
         )
+        # NaN until a count: "not known" (with --metrics-count-interval 0, never), not "none".
+        self.oldest_pending.set(math.nan)
+        self.in_turn.set(math.nan)
         self.streams_fell_behind = Counter(
             "prompt_outbox_streams_fell_behind",
             "Event streams (watches) ended because their reader fell behind, by the bound: "
