@@ -18,6 +18,9 @@ import pytest
 import valkey
 
 from prompt_outbox.embedded import free_port
+from prompt_outbox.storage.connect import TLSFiles, connect
+from prompt_outbox.storage.durability import durability_problems
+from tests.conftest import eventually
 from tests.test_deploy import tool  # skipped without it here, a failure on CI
 from tests.test_sentinel import process
 from tests.test_serve import BIN, post_five, wait_delivered_in_order, wait_healthy
@@ -27,6 +30,8 @@ PASSWORD = "s3cret-app"
 # The least the outbox needs (docs/deploy.md, "TLS and ACL users"): its own keys and channels,
 # no dangerous command but the two reads its durability check makes.
 ACL = ["~outbox*", "&outbox*", "+@all", "-@dangerous", "+info", "+config|get"]
+# The user a replica syncs as (the outbox's own may not).
+REPLICATOR = ["--user", "replicator", "on", ">s3cret-repl", "+psync", "+replconf", "+ping"]
 
 
 def openssl(*args: str) -> None:
@@ -71,7 +76,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSServer]:
             "--dir", str(folder), "--save", "", "--appendonly", "yes",
             "--appendfsync", "always", "--maxmemory-policy", "noeviction",
             "--user", "default", "off",
-            "--user", "app", "on", f">{PASSWORD}", *ACL]  # fmt: skip
+            "--user", "app", "on", f">{PASSWORD}", *ACL, *REPLICATOR]  # fmt: skip
     with (folder / "redis.log").open("ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -196,5 +201,47 @@ def test_a_tls_sentinel_url_finds_the_primary_over_tls(tls_server: TLSServer) ->
         # The same without the CA: the sentinel's certificate is refused, in one line.
         one_clear_line(run("stats", "--valkey-url", url), "certificate verify failed")
     finally:
+        proc.kill()
+        proc.wait()
+
+
+def start_tls_replica(primary: TLSServer, port: int, folder: Path) -> subprocess.Popen[bytes]:
+    """A replica of ``primary`` with TLS on ``port``, syncing over TLS as the replicator."""
+    certs = primary.folder
+    args = [tool("redis-server"), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+            "--tls-cert-file", str(certs / "server.crt"),
+            "--tls-key-file", str(certs / "server.key"),
+            "--tls-ca-cert-file", str(primary.ca), "--tls-auth-clients", "no",
+            "--tls-replication", "yes", "--replicaof", "127.0.0.1", str(primary.port),
+            "--masteruser", "replicator", "--masterauth", "s3cret-repl",
+            "--dir", str(folder), "--save", "", "--appendonly", "yes",
+            "--appendfsync", "always", "--maxmemory-policy", "noeviction",
+            "--user", "default", "off", "--user", "app", "on", f">{PASSWORD}", *ACL]  # fmt: skip
+    with (folder / "replica.log").open("ab") as log:
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def test_the_replica_durability_check_asks_a_tls_replica_over_tls(
+    tls_server: TLSServer, tmp_path: Path
+) -> None:
+    """At ``replica``, the start-up check asks each replica its ``appendfsync``: over TLS,
+    with the client's CA, when the client speaks TLS (it asked in plain text, and a TLS
+    replica made that an 'unknown' problem that --strict-durability refused)."""
+    port = free_port()
+    proc = start_tls_replica(tls_server, port, tmp_path)
+    client = connect(tls_server.url(), TLSFiles(ca_file=str(tls_server.ca)))
+    try:
+
+        async def replica_online() -> bool:
+            info = await client.info("replication")
+            return any(
+                isinstance(v, dict) and v.get("port") == port and v.get("state") == "online"
+                for v in info.values()
+            )
+
+        await eventually(replica_online, within=20, interval=0.05)
+        assert await durability_problems(client, "replica") == []
+    finally:
+        await client.aclose()
         proc.kill()
         proc.wait()

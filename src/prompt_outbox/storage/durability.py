@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from valkey.asyncio import Valkey
+from valkey.asyncio import SSLConnection, Valkey
 from valkey.asyncio.cluster import ValkeyCluster
 from valkey.exceptions import ValkeyError
 
@@ -108,11 +108,25 @@ async def _replica_fsync(client: Client, replica: str) -> str:
         if isinstance(client, ValkeyCluster)
         else client.connection_pool.connection_kwargs
     )
+    kind = (
+        kwargs.get("connection_class")
+        if isinstance(client, ValkeyCluster)
+        else client.connection_pool.connection_class
+    )
+    # Over TLS when the client speaks it, with its CA and certificate (ssl_* options).
+    tls: dict[str, Any] = {}
+    if isinstance(kind, type) and issubclass(kind, SSLConnection):
+        tls = {k: v for k, v in kwargs.items() if k.startswith("ssl_")} | {"ssl": True}
     host, _, port = replica.rpartition(":")
     username, password = kwargs.get("username"), kwargs.get("password")
     try:
         async with Valkey(
-            host=host, port=int(port), username=username, password=password, socket_timeout=5
+            host=host,
+            port=int(port),
+            username=username,
+            password=password,
+            socket_timeout=5,
+            **tls,
         ) as node:
             return text((await node.config_get("appendfsync")).get("appendfsync", "?"))
     except (ValkeyError, OSError) as exc:
