@@ -10,12 +10,14 @@ import httpx
 import pytest
 
 from prompt_outbox import Entry, Outbox, Turn, ambiguous
+from prompt_outbox.core.callbacks import RetryResult
+from prompt_outbox.core.entry import Status
 from prompt_outbox.core.errors import InvalidInput
 from prompt_outbox.core.keys import WorkspaceKeys
 from prompt_outbox.overview import SeriesPoint
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.series import SERIES_SLOTS
-from tests.agents import ScriptedAgent
+from tests.agents import ScriptedAgent, ScriptedVerifier
 from tests.conftest import FAST, ManualClock
 from tests.test_api import ALICE, URL
 
@@ -122,3 +124,28 @@ async def test_the_routes_answer_a_workspaces_own_token_only(
     for bad in ({"minutes": 0}, {"minutes": 61}, {"minutes": "x"}):
         r = await http.get("/v1/workspaces/acme/series", params=bad, headers=ALICE)
         assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
+
+
+async def test_a_failure_at_the_verify_step_is_counted_once(client: Client) -> None:
+    # The ambiguous send goes to verifying (restore.lua); with no verifier left, the verify
+    # step moves it into error in the queue (replace.lua): one failure, counted there.
+    clock = ManualClock()
+    outbox = Outbox(client, FAST, clock=clock)
+    outbox.set_verifier(ScriptedVerifier([]))
+    await outbox.accept(WS, "s", "u", "c1", "one")
+    assert await outbox.deliver_once(WS, "s", ScriptedAgent([ambiguous("cut")]))
+    assert [e.status for e in await outbox.list(WS, "s")] == [Status.VERIFYING]
+    outbox.set_verifier(None)
+    clock.advance(FAST.max_verify_backoff + FAST.max_backoff)
+    assert await outbox.deliver_once(WS, "s", ScriptedAgent())
+    assert [e.status for e in await outbox.list(WS, "s")] == [Status.ERROR]
+    [now] = await outbox.overview.series(WS, minutes=1)
+    assert counted(now) == (1, 0, 1)
+    # Retrying it is no failure (error -> pending); failing it again is one more.
+    retried = await outbox.retry(WS, "s", (await outbox.list(WS, "s"))[0].id)
+    assert retried is RetryResult.UPDATED
+    [now] = await outbox.overview.series(WS, minutes=1)
+    assert counted(now) == (1, 0, 1)
+    assert await outbox.deliver_once(WS, "s", ScriptedAgent([ambiguous("cut again")]))
+    [now] = await outbox.overview.series(WS, minutes=1)
+    assert counted(now) == (1, 0, 2)
