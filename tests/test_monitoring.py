@@ -249,3 +249,13 @@ def test_the_gauges_say_not_counted_until_a_count() -> None:
     got = samples(Metrics().render(None).decode())
     assert math.isnan(got[("prompt_outbox_oldest_pending_seconds", ())])
     assert math.isnan(got[("prompt_outbox_in_turn", ())])
+
+
+def test_the_example_scrape_config_loads_the_rules_under_their_job() -> None:
+    config = yaml.safe_load((ALERTS.parent / "prometheus.yml").read_text())
+    assert [ALERTS.parent / f for f in config["rule_files"]] == [ALERTS]
+    [job] = config["scrape_configs"]
+    assert job["job_name"] == "prompt-outbox" and job["metrics_path"] == "/metrics"
+    rules = rule_exprs(yaml.safe_load(ALERTS.read_text()))
+    # Every rule on a series of ours names that job (the counters are summed over it).
+    assert all('job="prompt-outbox"' in e for e in rules.values()), rules
