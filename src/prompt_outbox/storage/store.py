@@ -424,16 +424,18 @@ class Store:
         return out
 
     async def load_scripts(self) -> None:
-        """SCRIPT LOAD every script (on a cluster, on every primary). Done once before the
-        first accept, so that it does not meet NOSCRIPT and send its durability wait twice."""
+        """SCRIPT LOAD every script (on a cluster, on every primary), then record the format.
+        Done once before the first accept, so that it does not meet NOSCRIPT and send its
+        durability wait twice, nor spend a round trip on the format."""
         if isinstance(self.client, ValkeyCluster):
             for script in self._scripts.values():
                 await self.client.script_load(script.script)
-            return
-        loading = self.client.pipeline(transaction=False)
-        for script in self._scripts.values():
-            loading.script_load(script.script)
-        await loading.execute()
+        else:
+            loading = self.client.pipeline(transaction=False)
+            for script in self._scripts.values():
+                loading.script_load(script.script)
+            await loading.execute()
+        await self.record_format()
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
