@@ -139,6 +139,11 @@ async def test_one_worker_holds_a_thousand_blocking_deliveries(client: Client) -
     held = 1000
     assert outbox.tunables.concurrency == held
     sends = Sends(hold=None)
+    # What 20 accepts read of the indexes themselves (the series' oldest pending), alone.
+    reads = await _zrange_calls(client)
+    await accept_many(outbox, "baseline", 20)
+    accepts_read = await _zrange_calls(client) - reads
+    await outbox.cleanup_workspace("baseline")
     await accept_many(outbox, BUSY, held)
     async with outbox.running(sends, tick=0.2):
         await eventually(lambda: holds(sends.inside == held), within=120)
@@ -150,4 +155,4 @@ async def test_one_worker_holds_a_thousand_blocking_deliveries(client: Client) -
         sends.release.set()
         await eventually(lambda: holds(len(sends.order) == held + 20), within=60)
     assert sends.most_inside == held
-    assert reads_while_full == 0
+    assert reads_while_full == accepts_read  # the loop's own: none

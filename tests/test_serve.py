@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -117,14 +118,15 @@ def test_serve_and_a_worker_on_a_cluster_url_deliver_in_order(
     separate worker process delivers, and the operator CLI reads the same cluster."""
     port = free_port()
     cluster = ["--valkey-url", valkey_cluster.url]
-    url = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions/chat-1/prompts"
+    ws = f"acme-{secrets.token_hex(4)}"  # the cluster is shared: other tests' entries stay
+    url = f"http://127.0.0.1:{port}/v1/workspaces/{ws}/sessions/chat-1/prompts"
     with receiver() as agent, service([*cluster, "--no-auth", "--port", str(port)]):
         wait_healthy(port)
         ids = post_five(url)
         stats = subprocess.run(
             [BIN, "stats", "--json", *cluster], capture_output=True, text=True, timeout=30
         )
-        assert json.loads(stats.stdout)["workspaces"]["acme"] == {"pending": 5}, stats.stderr
+        assert json.loads(stats.stdout)["workspaces"][ws] == {"pending": 5}, stats.stderr
         worker = subprocess.Popen(
             [BIN, "worker", *cluster, "--webhook-url", agent.url],
             env={**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()},

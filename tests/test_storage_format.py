@@ -119,7 +119,10 @@ async def test_the_cli_says_so_in_one_line(client: Client, server_url: str) -> N
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    _, err = await asyncio.wait_for(done.communicate(), 60)
+    try:
+        _, err = await asyncio.wait_for(done.communicate(), 60)
+    finally:
+        await client.delete(FORMAT_KEY)  # the server outlives the test: leave no newer format
     stderr = err.decode()
     assert done.returncode == 1, stderr
     assert "Traceback" not in stderr, stderr
