@@ -74,7 +74,7 @@ test: lint $(CHROMIUM) $(DEPLOY_TOOLS) $(REDIS_SERVER)
 test-all: lint $(CHROMIUM) $(DEPLOY_TOOLS) $(REDIS_SERVER)
 	$(BIN)/pytest -q -m ''
 
-# Every chaos scenario, the long runs included (~17 min): worker / Valkey / network faults at full size,
+# Every chaos scenario, the long runs included (~24 min): worker / Valkey / network faults at full size,
 # the model-based test and schemathesis at their long budgets. Tables also in chaos-report.txt.
 chaos: $(STAMP)
 	CHAOS_REPORT=chaos-report.txt $(BIN)/pytest -q -m '' tests/chaos
