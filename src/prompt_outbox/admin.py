@@ -1,16 +1,18 @@
 """Operator actions: retry, dismiss, edit, park, unpark, the sweeps, cleanup and counts.
 
-Every action that writes holds the session: it is refused (BUSY) while a delivery holds the
-lock, because contention is not absence. Each first recovers a dead worker's staged entries,
-so it never acts around them.
+Reach them as ``Outbox.admin`` (``outbox.admin.retry(...)``); the ``Outbox`` methods of the
+same names are aliases of these (``AdminAlias``). Every action that writes holds the session: it
+is refused (BUSY) while a delivery holds the lock, because contention is not absence. Each
+first recovers a dead worker's staged entries, so it never acts around them.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from .core import machine
 from .core.callbacks import BulkResult, DismissResult, EditResult, RetryResult
@@ -27,18 +29,45 @@ from .storage.store import Store
 
 log = logging.getLogger("prompt_outbox.admin")
 
+SWAP_ATTEMPTS = 3
+"""Reads a one-entry action tries when its write misses because the entry changed in
+between (a delivery took or moved it); after that it gives up (contention, not a loop)."""
+
 Pick = Callable[[Snapshot], tuple[str, str] | None]
 """Given the session, the (old, new) strings of the one entry to change ('' deletes)."""
-Edit = Callable[[Entry], Entry | None]
+Change = Callable[[Entry], Entry | None]
 """An entry's new state, or None to leave it."""
 Pairs = Callable[[Snapshot], list[tuple[str, str]]]
 """Given an idle session, the (old, new) strings of the queued entries to change ('' deletes)."""
 
+R = TypeVar("R")
+P = ParamSpec("P")
 
-def _edited(edit: Edit) -> Pairs:
-    """The pairs of the queued entries ``edit`` changes."""
+
+class Swap(enum.Enum):
+    """How a one-entry swap ended; retry and dismiss each name their result for it."""
+
+    DONE = "done"
+    MISSING = "missing"
+    BUSY = "busy"
+
+
+_RETRY_RESULTS: Mapping[Swap, RetryResult] = {
+    Swap.DONE: RetryResult.UPDATED,
+    Swap.MISSING: RetryResult.NOT_FOUND,
+    Swap.BUSY: RetryResult.BUSY,
+}
+_DISMISS_RESULTS: Mapping[Swap, DismissResult] = {
+    Swap.DONE: DismissResult.REMOVED,
+    Swap.MISSING: DismissResult.NOT_FOUND,
+    Swap.BUSY: DismissResult.BUSY,
+}
+
+
+def _pairs(change: Change) -> Pairs:
+    """The pairs of the queued entries ``change`` changes."""
     return lambda snap: [
-        (raw, new.to_json()) for raw in snap.queue if (new := edit(decode_entry(raw))) is not None
+        (raw, new.to_json()) for raw in snap.queue if (new := change(decode_entry(raw))) is not None
     ]
 
 
@@ -50,17 +79,8 @@ def _retried_if_error(e: Entry) -> Entry | None:
     return machine.retried(e) if e.status is Status.ERROR else None
 
 
-class _Edit(enum.IntEnum):
-    """One-entry edit outcome; values line up with RetryResult and DismissResult."""
-
-    DONE = 0
-    MISSING = 1
-    BUSY = 2
-
-
 class Admin:
-    """The operator actions of one Outbox; each is documented on the ``Outbox`` method that
-    exposes it."""
+    """The operator actions of one Outbox (``Outbox.admin``)."""
 
     def __init__(
         self, store: Store, engine: Engine, maintenance: Maintenance, metrics: Metrics
@@ -71,7 +91,9 @@ class Admin:
         self.metrics = metrics
 
     async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
-        """``Outbox.retry``."""
+        """Clear an error entry back to pending. BUSY while the session lock is held;
+        NOT_FOUND when the session has no error entry with that ID. ``WorkspaceLogsFull``
+        at accept's bound on the workspace's logs (a re-armed entry logs each move whole)."""
 
         def pick(snap: Snapshot) -> tuple[str, str] | None:
             raw = _find(snap.queue, entry_id)
@@ -84,32 +106,36 @@ class Admin:
         # at the workspace's log bound, as an accept does.
         bound = self.engine.tunables.workspace_log_bytes
         point = CrashPoint.RETRY_BEFORE_WRITE
-        result = RetryResult(await self._edit_one(k, entry_id, pick, point, log_bytes=bound))
-        if result is RetryResult.UPDATED:
+        swap = await self._swap_one(k, entry_id, pick, point, log_bytes=bound)
+        if swap is Swap.DONE:
             self.metrics.retried.labels(reason="operator").inc()
-        return result
+        return _RETRY_RESULTS[swap]
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
-        """``Outbox.dismiss``."""
+        """Remove an entry by ID. BUSY while the session lock is held; NOT_FOUND if absent."""
 
         def pick(snap: Snapshot) -> tuple[str, str] | None:
             raw = _find((*snap.staging, *snap.queue), entry_id)
             return None if raw is None else (raw, "")
 
         k = session_keys(workspace_id, session_id)
-        return DismissResult(
-            await self._edit_one(k, entry_id, pick, CrashPoint.DISMISS_BEFORE_WRITE)
-        )
+        swap = await self._swap_one(k, entry_id, pick, CrashPoint.DISMISS_BEFORE_WRITE)
+        return _DISMISS_RESULTS[swap]
 
     async def edit(
         self,
         workspace_id: str,
         session_id: str,
         entry_id: str,
+        *,
         text: str | None = None,
         model: str | None = None,
     ) -> EditResult:
-        """``Outbox.edit``."""
+        """Replace the text or the model (raw JSON text; ``"null"`` removes it; None leaves
+        either as it is) of a pending or error entry before it is sent. An error entry stays
+        in error until retried. BUSY while the session lock is held; NOT_EDITABLE once staged,
+        verifying or parked; NOT_FOUND if absent. Emits ``edited``. Raises accept's InvalidInput
+        (an edit of neither too), StorageFull and WorkspaceLogsFull."""
         check_id("entry ID", entry_id)
         if text is None and model is None:
             raise InvalidInput("an edit needs a text or a model")
@@ -122,10 +148,8 @@ class Admin:
         if over is not None:
             raise StorageFull(over.used, over.limit)
         bound = self.engine.tunables.workspace_log_bytes  # and at its workspace's log bound
-        for _ in range(3):
-            snap = await self._settled(k)
-            if snap.locked:
-                return EditResult.BUSY
+
+        async def attempt(snap: Snapshot) -> EditResult | None:
             raw = _find(snap.queue, entry_id)
             if raw is None:
                 return EditResult.NOT_FOUND
@@ -145,57 +169,65 @@ class Admin:
             if done is Edited.OK:
                 self.metrics.edited.inc()
                 return EditResult.UPDATED
-            if done is Edited.BUSY:
-                return EditResult.BUSY
-        return EditResult.BUSY  # it kept changing under us: contention, not absence
+            return EditResult.BUSY if done is Edited.BUSY else None
+
+        # Kept changing under us: contention, not absence.
+        return await self._attempts(k, attempt, busy=EditResult.BUSY, gave_up=EditResult.BUSY)
 
     async def park_workspace(self, workspace_id: str, reason: str) -> int:
-        """``Outbox.park_workspace``."""
+        """Park every pending / verifying entry of the workspace with ``reason``. Busy sessions
+        (a delivery in flight) are skipped and logged; calling again catches them."""
         check_reason(reason)
 
-        def edit(e: Entry) -> Entry | None:
+        def change(e: Entry) -> Entry | None:
             if e.status in (Status.PENDING, Status.VERIFYING):
                 return machine.parked(e, reason)
             return None
 
         w = workspace_keys(workspace_id)
-        n = await self._edit_workspace(w, "park", edit, CrashPoint.PARK_BETWEEN_SESSIONS)
+        n = await self._change_workspace(w, "park", change, CrashPoint.PARK_BETWEEN_SESSIONS)
         self.metrics.parked.inc(n)
         return n
 
     async def unpark_workspace(self, workspace_id: str) -> int:
-        """``Outbox.unpark_workspace``."""
+        """Re-arm every parked entry of the workspace (pending, or verifying if it was)."""
 
-        def edit(e: Entry) -> Entry | None:
+        def change(e: Entry) -> Entry | None:
             return machine.unparked(e) if e.status is Status.PARKED else None
 
-        return await self._edit_workspace(workspace_keys(workspace_id), "unpark", edit)
+        return await self._change_workspace(workspace_keys(workspace_id), "unpark", change)
 
     async def sweep_workspace_unverifiable(self, workspace_id: str) -> int:
-        """``Outbox.sweep_workspace_unverifiable``."""
+        """Re-arm unverifiable error entries as verifying, due now, with a fresh verify budget."""
 
-        def edit(e: Entry) -> Entry | None:
+        def change(e: Entry) -> Entry | None:
             return machine.rearmed_for_verification(e) if machine.is_unverifiable(e) else None
 
-        return await self._edit_workspace(workspace_keys(workspace_id), "sweep", edit)
+        return await self._change_workspace(workspace_keys(workspace_id), "sweep", change)
 
     async def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
-        """``Outbox.sweep_workspace_parked_errors`` (``Maintenance.sweep_ledger``)."""
+        """Settle the workspace's error entries against the ledger probe (no-op without one):
+        delivered (PROMOTED / TURN_ENDED) completes one and fires OnDelivered; no row (or FAILED)
+        re-arms it; anything else, or a probe error, leaves it. Entries that failed definitively
+        ``max_attempts`` times are not asked about. Returns how many settled
+        (``Maintenance.sweep_ledger``)."""
         return await self.maintenance.sweep_ledger(workspace_keys(workspace_id))
 
-    async def retry_errors(self, workspace_id: str, session_id: str | None) -> BulkResult:
-        """``Outbox.retry_errors``."""
+    async def retry_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
+        """Re-arm every error entry of the session (of every session of the workspace, when
+        none is named) that no delivery holds; held sessions are named in ``busy`` (try again).
+        ``WorkspaceLogsFull`` as ``retry``: the sessions re-armed before it stay so."""
         keys = await self._with_errors(workspace_id, session_id)
         bound = self.engine.tunables.workspace_log_bytes  # as retry's
-        retried = _edited(_retried_if_error)
-        done = await self._edit_sessions(keys, "retry errors", retried, log_bytes=bound)
+        retried = _pairs(_retried_if_error)
+        done = await self._write_sessions(keys, "retry errors", retried, log_bytes=bound)
         self.metrics.retried.labels(reason="operator").inc(done.done)
         return done
 
-    async def dismiss_errors(self, workspace_id: str, session_id: str | None) -> BulkResult:
-        """``Outbox.dismiss_errors``."""
+    async def dismiss_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
+        """Remove every error entry of the session (or of the workspace), as ``retry_errors``."""
         keys = await self._with_errors(workspace_id, session_id)
-        return await self._edit_sessions(keys, "dismiss errors", _errors_removed)
+        return await self._write_sessions(keys, "dismiss errors", _errors_removed)
 
     async def _with_errors(self, workspace_id: str, session_id: str | None) -> list[SessionKeys]:
         """The session named, or every session of the workspace holding an error entry (the
@@ -205,20 +237,19 @@ class Admin:
         return await self.store.walk.sessions_of(workspace_keys(workspace_id), with_errors=True)
 
     async def cleanup_workspace(self, workspace_id: str) -> int:
-        """``Outbox.cleanup_workspace``."""
+        """Delete every outbox key of the workspace; returns how many. Idempotent."""
         return await self.store.walk.cleanup_workspace(workspace_keys(workspace_id))
 
     async def count_by_workspace(self) -> dict[str, dict[str, int]]:
-        """``Outbox.count_by_workspace``: each registered workspace's totals by status, as the
-        scripts keep them (a few small fields a workspace, pipelined): O(workspaces), no
-        entry read."""
+        """Entries per status, per registered workspace (for ``stats``), as the scripts keep
+        them (a few small fields a workspace, pipelined): O(workspaces), no entry read."""
         out: dict[str, dict[str, int]] = {}
         async for t in self.store.walk.all_tallies():
             out[t.ws] = {status: n for status, n in t.tally.by_status.items() if n}
         return out
 
     async def count_by_status(self) -> dict[str, int]:
-        """``Outbox.count_by_status``."""
+        """Entries per status across every workspace (the metrics gauge)."""
         total: dict[str, int] = {}
         for counts in (await self.count_by_workspace()).values():
             for status, n in counts.items():
@@ -238,35 +269,53 @@ class Admin:
             snap = await self.store.snapshot(k)
         return snap
 
-    async def _edit_one(
-        self, k: SessionKeys, entry_id: str, pick: Pick, point: CrashPoint, log_bytes: int = 0
-    ) -> _Edit:
-        """Swap one entry unless the lock is held. A swap that misses because the entry
-        changed meanwhile is retried on a new read. ``log_bytes``: ``_replace``'s."""
-        check_id("entry ID", entry_id)
-        for _ in range(3):
+    async def _attempts(
+        self,
+        k: SessionKeys,
+        attempt: Callable[[Snapshot], Awaitable[R | None]],
+        *,
+        busy: R,
+        gave_up: R,
+    ) -> R:
+        """``attempt`` on a fresh settled read of the session, up to ``SWAP_ATTEMPTS`` times
+        while it returns None (its write missed: the entry changed meanwhile); ``busy`` at
+        once while the lock is held, ``gave_up`` after the last miss."""
+        for _ in range(SWAP_ATTEMPTS):
             snap = await self._settled(k)
             if snap.locked:
-                return _Edit.BUSY
+                return busy
+            result = await attempt(snap)
+            if result is not None:
+                return result
+        return gave_up
+
+    async def _swap_one(
+        self, k: SessionKeys, entry_id: str, pick: Pick, point: CrashPoint, log_bytes: int = 0
+    ) -> Swap:
+        """Swap the one entry ``pick`` names unless the lock is held (``_attempts``).
+        ``log_bytes``: ``_replace``'s."""
+        check_id("entry ID", entry_id)
+
+        async def attempt(snap: Snapshot) -> Swap | None:
             pair = pick(snap)
             if pair is None:
-                return _Edit.MISSING
+                return Swap.MISSING
             reached(point)
             done = await self._replace(k, [pair], log_bytes)
             if done.outcome is Replace.BUSY:
-                return _Edit.BUSY
-            if done.count:
-                return _Edit.DONE
-        return _Edit.MISSING
+                return Swap.BUSY
+            return Swap.DONE if done.count else None
 
-    async def _edit_workspace(
-        self, w: WorkspaceKeys, what: str, edit: Edit, point: CrashPoint | None = None
+        return await self._attempts(k, attempt, busy=Swap.BUSY, gave_up=Swap.MISSING)
+
+    async def _change_workspace(
+        self, w: WorkspaceKeys, what: str, change: Change, point: CrashPoint | None = None
     ) -> int:
-        """Apply ``edit`` to every entry of every idle session of the workspace."""
+        """Apply ``change`` to every entry of every idle session of the workspace."""
         keys = await self.store.walk.sessions_of(w)
-        return (await self._edit_sessions(keys, what, _edited(edit), point)).done
+        return (await self._write_sessions(keys, what, _pairs(change), point)).done
 
-    async def _edit_sessions(
+    async def _write_sessions(
         self,
         keys: Sequence[SessionKeys],
         what: str,
@@ -311,3 +360,35 @@ class Admin:
 
 def _find(raws: Sequence[str], entry_id: str) -> str | None:
     return next((raw for raw in raws if decode_entry(raw).id == entry_id), None)
+
+
+class HasAdmin(Protocol):
+    """What ``AdminAlias`` aliases on: an object with an ``admin`` (the Outbox)."""
+
+    admin: Admin
+
+
+class AdminAlias(Generic[P, R]):
+    """An alias, on the Outbox, of one ``Admin`` method: ``outbox.retry`` is
+    ``outbox.admin.retry`` (the same bound method, the same signature); its docstring is the
+    real one's, so it is written once, here."""
+
+    def __init__(self, method: Callable[Concatenate[Admin, P], R]) -> None:
+        self.name = method.__name__
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> AdminAlias[P, R]: ...
+    @overload
+    def __get__(self, obj: HasAdmin, owner: type) -> Callable[P, R]: ...
+    def __get__(self, obj: HasAdmin | None, owner: type) -> AdminAlias[P, R] | Callable[P, R]:
+        if obj is None:
+            return self  # ``Outbox.retry`` stays callable unbound: ``__call__``
+        return self.of(obj)
+
+    def of(self, obj: HasAdmin) -> Callable[P, R]:
+        """The real method, bound to ``obj.admin``."""
+        return cast("Callable[P, R]", getattr(obj.admin, self.name))
+
+    def __call__(self, obj: HasAdmin, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.of(obj)(*args, **kwargs)

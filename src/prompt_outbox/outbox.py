@@ -1,5 +1,6 @@
 """Outbox: the seed's Service, and the one public entry point. Accept, list and watch live
-here; delivery is the engine's (``delivery/``), the operator actions are ``admin.py``'s."""
+here; delivery is the engine's (``delivery/``), the operator actions are ``Outbox.admin``
+(``admin.py``)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,11 @@ import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 
-from .admin import Admin
+from .admin import Admin, AdminAlias
 from .core.callbacks import (
-    BulkResult,
     Deliverer,
-    DismissResult,
-    EditResult,
     Hook,
     LedgerProbe,
-    RetryResult,
     TurnEnd,
     Verifier,
     Wiring,
@@ -92,7 +89,8 @@ class Outbox:
         self._wiring = Wiring()
         self._engine = Engine(self._store, t, self._clock, self.metrics, self._wiring)
         self._maintenance = Maintenance(self._store, self._engine, t, self.metrics, self._wiring)
-        self._admin = Admin(self._store, self._engine, self._maintenance, self.metrics)
+        self.admin = Admin(self._store, self._engine, self._maintenance, self.metrics)
+        """The operator actions: retry, edit, dismiss, park, the sweeps, cleanup, counts."""
         self.overview = Overview(self._store, t, self._clock)
         """Workspaces and sessions with their counts, in pages (the queue page's overview)."""
         self._detached = Detached()
@@ -378,72 +376,17 @@ class Outbox:
         """
         return await self._maintenance.recover()
 
-    # -- operator actions (admin.py) -----------------------------------------------------
+    # -- operator actions: aliases of ``Outbox.admin``'s (admin.py has their docstrings) ---
 
-    async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
-        """Clear an error entry back to pending. BUSY while the session lock is held;
-        NOT_FOUND when the session has no error entry with that ID. ``WorkspaceLogsFull``
-        at accept's bound on the workspace's logs (a re-armed entry logs each move whole)."""
-        return await self._admin.retry(workspace_id, session_id, entry_id)
-
-    async def edit(
-        self,
-        workspace_id: str,
-        session_id: str,
-        entry_id: str,
-        *,
-        text: str | None = None,
-        model: str | None = None,
-    ) -> EditResult:
-        """Replace the text or the model (raw JSON text; ``"null"`` removes it; None leaves
-        either as it is) of a pending or error entry before it is sent. An error entry stays
-        in error until retried. BUSY while the session lock is held; NOT_EDITABLE once staged,
-        verifying or parked; NOT_FOUND if absent. Emits ``edited``. Raises accept's InvalidInput
-        (an edit of neither too), StorageFull and WorkspaceLogsFull."""
-        return await self._admin.edit(workspace_id, session_id, entry_id, text, model)
-
-    async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
-        """Remove an entry by ID. BUSY while the session lock is held; NOT_FOUND if absent."""
-        return await self._admin.dismiss(workspace_id, session_id, entry_id)
-
-    async def park_workspace(self, workspace_id: str, reason: str) -> int:
-        """Park every pending / verifying entry of the workspace with ``reason``. Busy sessions
-        (a delivery in flight) are skipped and logged; calling again catches them."""
-        return await self._admin.park_workspace(workspace_id, reason)
-
-    async def unpark_workspace(self, workspace_id: str) -> int:
-        """Re-arm every parked entry of the workspace (pending, or verifying if it was)."""
-        return await self._admin.unpark_workspace(workspace_id)
-
-    async def sweep_workspace_unverifiable(self, workspace_id: str) -> int:
-        """Re-arm unverifiable error entries as verifying, due now, with a fresh verify budget."""
-        return await self._admin.sweep_workspace_unverifiable(workspace_id)
-
-    async def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
-        """Settle the workspace's error entries against the ledger probe (no-op without one):
-        delivered (PROMOTED / TURN_ENDED) completes one and fires OnDelivered; no row (or FAILED)
-        re-arms it; anything else, or a probe error, leaves it. Entries that failed definitively
-        ``max_attempts`` times are not asked about. Returns how many settled."""
-        return await self._admin.sweep_workspace_parked_errors(workspace_id)
-
-    async def retry_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
-        """Re-arm every error entry of the session (of every session of the workspace, when
-        none is named) that no delivery holds; held sessions are named in ``busy`` (try again).
-        ``WorkspaceLogsFull`` as ``retry``: the sessions re-armed before it stay so."""
-        return await self._admin.retry_errors(workspace_id, session_id)
-
-    async def dismiss_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
-        """Remove every error entry of the session (or of the workspace), as ``retry_errors``."""
-        return await self._admin.dismiss_errors(workspace_id, session_id)
-
-    async def cleanup_workspace(self, workspace_id: str) -> int:
-        """Delete every outbox key of the workspace; returns how many. Idempotent."""
-        return await self._admin.cleanup_workspace(workspace_id)
-
-    async def count_by_workspace(self) -> dict[str, dict[str, int]]:
-        """Entries per status, per registered workspace (for ``stats``)."""
-        return await self._admin.count_by_workspace()
-
-    async def count_by_status(self) -> dict[str, int]:
-        """Entries per status across every workspace (the metrics gauge)."""
-        return await self._admin.count_by_status()
+    retry = AdminAlias(Admin.retry)
+    edit = AdminAlias(Admin.edit)
+    dismiss = AdminAlias(Admin.dismiss)
+    park_workspace = AdminAlias(Admin.park_workspace)
+    unpark_workspace = AdminAlias(Admin.unpark_workspace)
+    sweep_workspace_unverifiable = AdminAlias(Admin.sweep_workspace_unverifiable)
+    sweep_workspace_parked_errors = AdminAlias(Admin.sweep_workspace_parked_errors)
+    retry_errors = AdminAlias(Admin.retry_errors)
+    dismiss_errors = AdminAlias(Admin.dismiss_errors)
+    cleanup_workspace = AdminAlias(Admin.cleanup_workspace)
+    count_by_workspace = AdminAlias(Admin.count_by_workspace)
+    count_by_status = AdminAlias(Admin.count_by_status)
