@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from valkey.asyncio import SSLConnection, Valkey
-from valkey.asyncio.cluster import ValkeyCluster
 from valkey.exceptions import ValkeyError
 
 from ..core.settings import DURABILITY_LEVELS, DurabilityLevel
-from .client import Client, address
+from .client import Client
 from .replies import text
+from .topology import Topology, topology_of
 from .waitaof import WaitAof, probe
 
 MEANING: dict[DurabilityLevel, str] = {
@@ -71,25 +71,15 @@ class DurabilityReport:
         return f"accept_durability={self.level} ({how}{down}): {MEANING[self.level]}"
 
 
-async def _configs(client: Client) -> dict[str, dict[str, str]]:
+async def _configs(topology: Topology) -> dict[str, dict[str, str]]:
     """The settings that decide durability, per primary (by address)."""
-    raw: dict[str, Any]
-    if isinstance(client, ValkeyCluster):
-        raw = await client.config_get(*_CONFIG, target_nodes=ValkeyCluster.PRIMARIES)  # type: ignore[arg-type]
-    else:
-        config = await client.config_get(*_CONFIG)  # type: ignore[arg-type]
-        raw = {address(client): config}  # after the call: through Sentinel, the primary found
+    raw = await topology.config_per_primary(*_CONFIG)
     return {node: {text(k): text(v) for k, v in cfg.items()} for node, cfg in raw.items()}
 
 
-async def _replicas(client: Client) -> dict[str, list[str]]:
+async def _replicas(topology: Topology) -> dict[str, list[str]]:
     """The replicas connected to each primary (their addresses)."""
-    raw: dict[str, Any]
-    if isinstance(client, ValkeyCluster):
-        raw = await client.info("replication", target_nodes=ValkeyCluster.PRIMARIES)
-    else:
-        replication = await client.info("replication")
-        raw = {address(client): replication}
+    raw = await topology.info_per_primary("replication")
     return {
         node: [
             f"{value['ip']}:{value['port']}"
@@ -100,19 +90,10 @@ async def _replicas(client: Client) -> dict[str, list[str]]:
     }
 
 
-async def _replica_fsync(client: Client, replica: str) -> str:
+async def _replica_fsync(topology: Topology, replica: str) -> str:
     """A replica's ``appendfsync``, asked of the replica itself (with the client's credentials),
     or why it could not be asked."""
-    kwargs = (
-        client.get_connection_kwargs()
-        if isinstance(client, ValkeyCluster)
-        else client.connection_pool.connection_kwargs
-    )
-    kind = (
-        kwargs.get("connection_class")
-        if isinstance(client, ValkeyCluster)
-        else client.connection_pool.connection_class
-    )
+    kwargs, kind = topology.connection_settings()
     # Over TLS when the client speaks it, with its CA and certificate (ssl_* options).
     tls: dict[str, Any] = {}
     if isinstance(kind, type) and issubclass(kind, SSLConnection):
@@ -136,8 +117,12 @@ async def _replica_fsync(client: Client, replica: str) -> str:
 async def durability_problems(client: Client, level: DurabilityLevel = "none") -> list[str]:
     """Say what in the configuration of each primary could lose an accept acknowledged at
     ``level`` ([] = none); see the module's docstring."""
+    return await _problems(topology_of(client), level)
+
+
+async def _problems(topology: Topology, level: DurabilityLevel) -> list[str]:
     problems = []
-    configs = await _configs(client)
+    configs = await _configs(topology)
     for node, config in configs.items():
         policy, fsync = config.get("maxmemory-policy", ""), config.get("appendfsync")
         if policy != "noeviction":
@@ -158,7 +143,7 @@ async def durability_problems(client: Client, level: DurabilityLevel = "none") -
                 "failover) can lose about a second of acknowledged accepts; use appendfsync "
                 "always"
             )
-    replicas = await _replicas(client)
+    replicas = await _replicas(topology)
     if level != "replica":
         for node, found in replicas.items():
             if found:
@@ -176,7 +161,7 @@ async def durability_problems(client: Client, level: DurabilityLevel = "none") -
                 "and its replicas resync to it; use appendfsync always"
             )
     for replica in (r for found in replicas.values() for r in found):
-        fsync = await _replica_fsync(client, replica)
+        fsync = await _replica_fsync(topology, replica)
         if fsync != "always":
             problems.append(
                 f"replica {replica}: appendfsync is {fsync}: its fsync count reaches the "
@@ -197,21 +182,21 @@ async def check_durability(
     return problems
 
 
-async def _shortfall(client: Client, level: DurabilityLevel, wait_for: float) -> str:
+async def _shortfall(topology: Topology, level: DurabilityLevel, wait_for: float) -> str:
     """'' when every primary honours ``level`` now, else why not."""
     wait = WaitAof.for_level(level, wait_for)
     if wait is None:
         return ""
     missing = []
     if level == "fsync":
-        for node, config in (await _configs(client)).items():
+        for node, config in (await _configs(topology)).items():
             fsync = config.get("appendfsync")
             if config.get("appendonly") == "yes" and fsync != "always":
                 missing.append(
                     f"{node}: appendfsync is {fsync!r}, and there WAITAOF counts a local fsync "
                     "before it happens (redis/redis#13793): use appendfsync always"
                 )
-    for node, seen in (await probe(client, wait)).items():
+    for node, seen in (await probe(topology, wait)).items():
         if seen.error and "unknown command" in seen.error.lower():
             missing.append(
                 f"{node}: this server has no WAITAOF (Redis before 7.2, Valkey before 7.2: "
@@ -234,15 +219,16 @@ async def resolve_durability(
     Raises DurabilityError when the caller ``chosen`` a level the server cannot honour. A
     probe waits up to ``wait_for`` seconds per level tried.
     """
+    topology = topology_of(client)
     notes: list[str] = []
     in_force = level
     for candidate in reversed(DURABILITY_LEVELS[: DURABILITY_LEVELS.index(level) + 1]):
         in_force = candidate
-        why = await _shortfall(client, candidate, wait_for)
+        why = await _shortfall(topology, candidate, wait_for)
         if not why:
             break
         if chosen:
             raise DurabilityError(f"accept_durability {candidate!r} cannot be honoured: {why}")
         notes.append(f"accept_durability {candidate!r} is not available ({why})")
-    problems = await durability_problems(client, in_force)
+    problems = await _problems(topology, in_force)
     return DurabilityReport(level, chosen, in_force, problems, notes)

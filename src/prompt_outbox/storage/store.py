@@ -50,6 +50,7 @@ from .replies import (
     text,
 )
 from .scripts import sources
+from .topology import topology_of
 from .turnstore import TurnStore
 from .walk import Walk
 
@@ -95,6 +96,8 @@ class Store:
         memory_interval: float = 1.0,
     ) -> None:
         self.client = client
+        self.topology = topology_of(client)
+        """Standalone or cluster, decided once (storage/topology.py)."""
         self.memory = MemoryCeiling(client, memory_ratio, memory_interval)
         """The accept path's memory ceiling (per node cached INFO memory)."""
         self._scripts: dict[str, AsyncScript] = {
@@ -228,7 +231,7 @@ class Store:
         if answers:
             seen = waitaof.waited(first or entry_id, answers)
         else:
-            seen = await waitaof.confirm(self.client, self._scripts["confirm"], marker, wait)
+            seen = await waitaof.confirm(self.topology, self._scripts["confirm"], marker, wait)
         return Accepted(outcome, first, seen, in_flight)
 
     async def acquire(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> Acquired:

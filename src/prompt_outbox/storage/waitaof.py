@@ -20,13 +20,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
 from valkey.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from ..core.settings import DurabilityLevel
-from .client import Client, address
 from .replies import Confirm, Confirmation, parse, text
+from .topology import Topology
 
 _FSYNCS: dict[DurabilityLevel, tuple[int, int]] = {"fsync": (1, 0), "replica": (1, 1)}
 _PAIR_ATTEMPTS = 3  # a slot that moved, a script cache emptied by a restart: then try again
@@ -104,29 +103,15 @@ def redirected(answers: list[Any]) -> bool:
     return bool(answers) and isinstance(answers[0], _REDIRECTED)
 
 
-async def _on_one_connection(client: Client, key: str, *commands: tuple[Any, ...]) -> list[Any]:
-    """``commands`` (a write, then WAITAOF...) on one connection to the node that owns
-    ``key``; the answers, errors included (never raised)."""
-    if isinstance(client, ValkeyCluster):
-        node = client.get_node_from_key(key)
-        pipe: Any = client.pipeline()
-        for command in commands:
-            pipe.execute_command(*command, target_nodes=node)
-        # No redirections: a write re-sent alone would land on another connection.
-        return list(await pipe.execute(raise_on_error=False, allow_redirections=False))
-    plain = client.pipeline(transaction=False)
-    for command in commands:
-        plain.execute_command(*command)
-    return list(await plain.execute(raise_on_error=False))
-
-
-async def confirm(client: Client, script: AsyncScript, marker: str, wait: WaitAof) -> Confirmation:
+async def confirm(
+    topology: Topology, script: AsyncScript, marker: str, wait: WaitAof
+) -> Confirmation:
     """Confirm the accept that wrote ``marker`` as a pair of its own (a cluster, or a
     standalone pipeline whose pair met an empty script cache)."""
     answers: list[Any] = []
     for _ in range(_PAIR_ATTEMPTS):
         write = ("EVALSHA", script.sha, 1, marker)
-        answers = await _on_one_connection(client, marker, write, *wait.commands())
+        answers = await topology.on_one_connection(marker, write, *wait.commands())
         if not redirected(answers):
             break
         # Run it once through the script object: it loads the script, follows the MOVED and
@@ -135,27 +120,15 @@ async def confirm(client: Client, script: AsyncScript, marker: str, wait: WaitAo
     return confirmation(answers)
 
 
-async def probe(client: Client, wait: WaitAof) -> dict[str, Confirmation]:
+async def probe(topology: Topology, wait: WaitAof) -> dict[str, Confirmation]:
     """Can every primary honour ``wait``? A throwaway write, WAITAOF, and the write deleted,
     on each primary (the start-up check); the node's address -> what WAITAOF saw (error: no
     AOF there)."""
-    if isinstance(client, ValkeyCluster):
-        await client.initialize()
-        targets: dict[str, str] = {}
-        primaries = {node.name for node in client.get_primaries()}
-        for n in range(_PROBE_KEYS):  # a key in the slots of each primary that has slots
-            key = f"outboxprobe:{{{n}}}"
-            node = client.get_node_from_key(key)
-            if node is not None:
-                targets.setdefault(node.name, key)
-            if primaries <= targets.keys():
-                break
-    else:
-        targets = {address(client): "outboxprobe:{0}"}
+    targets = await topology.key_per_primary(_PROBE_KEYS)
 
     async def one(key: str) -> Confirmation:
         write = ("SET", key, "1", "PX", _PROBE_TTL_MS)
-        answers = await _on_one_connection(client, key, write, *wait.commands(), ("DEL", key))
+        answers = await topology.on_one_connection(key, write, *wait.commands(), ("DEL", key))
         errors = [answer for answer in answers if isinstance(answer, Exception)]
         if errors:
             return Confirmation("", error=str(errors[0]))

@@ -1,0 +1,161 @@
+"""Standalone server or Valkey Cluster, decided once: the operations that differ between them.
+
+``topology_of(client)`` is called where the client is known (the Store, the durability
+check) and the result is passed on; a module that takes a ``Topology`` does not ask
+``isinstance(client, ValkeyCluster)`` again. Each operation makes the same Valkey calls, in
+the same order, as the code it replaced (tests/test_round_trips.py counts them).
+
+Modules moved onto it so far: durability.py and waitaof.py. The others (store.py,
+dueindex.py, shardsub.py, memory.py) still ask the client themselves: docs/architecture.md,
+"Standalone or cluster", lists what is left.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from valkey.asyncio import Valkey
+from valkey.asyncio.cluster import ValkeyCluster
+
+from .client import Client, address
+
+
+class Topology(ABC):
+    """What a standalone server and a cluster do differently (see the module's docstring)."""
+
+    cluster: bool
+    """Whether this is a cluster (for a caller that only needs to say so)."""
+
+    @property
+    @abstractmethod
+    def client(self) -> Client:
+        """The client this topology was decided for."""
+
+    @abstractmethod
+    async def config_per_primary(self, *names: str) -> dict[str, dict[Any, Any]]:
+        """``CONFIG GET names`` on every primary: its address -> its answer."""
+
+    @abstractmethod
+    async def info_per_primary(self, section: str) -> dict[str, dict[str, Any]]:
+        """``INFO section`` on every primary: its address -> its answer."""
+
+    @abstractmethod
+    def connection_settings(self) -> tuple[dict[str, Any], Any]:
+        """The options a new connection to one of its nodes takes, and its connection class."""
+
+    @abstractmethod
+    async def on_one_connection(self, key: str, *commands: tuple[Any, ...]) -> list[Any]:
+        """``commands`` on one connection to the node that owns ``key``; the answers, errors
+        included (never raised)."""
+
+    @abstractmethod
+    async def key_per_primary(self, tries: int) -> dict[str, str]:
+        """A key in the slots of each primary: its address -> the key (``outboxprobe:{n}``,
+        at most ``tries`` tags tried)."""
+
+
+class Standalone(Topology):
+    """One server (through Sentinel too: the primary it finds)."""
+
+    cluster = False
+
+    def __init__(self, client: Valkey) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> Valkey:
+        """The standalone client."""
+        return self._client
+
+    async def config_per_primary(self, *names: str) -> dict[str, dict[Any, Any]]:
+        """See ``Topology``."""
+        config = await self._client.config_get(*names)  # type: ignore[arg-type]
+        return {address(self._client): config}  # after the call: through Sentinel, the primary
+
+    async def info_per_primary(self, section: str) -> dict[str, dict[str, Any]]:
+        """See ``Topology``."""
+        info = await self._client.info(section)
+        return {address(self._client): info}
+
+    def connection_settings(self) -> tuple[dict[str, Any], Any]:
+        """See ``Topology``."""
+        pool = self._client.connection_pool
+        return pool.connection_kwargs, pool.connection_class
+
+    async def on_one_connection(self, key: str, *commands: tuple[Any, ...]) -> list[Any]:
+        """See ``Topology`` (one server: any connection of the pool)."""
+        plain = self._client.pipeline(transaction=False)
+        for command in commands:
+            plain.execute_command(*command)
+        return list(await plain.execute(raise_on_error=False))
+
+    async def key_per_primary(self, tries: int) -> dict[str, str]:
+        """See ``Topology`` (one primary, no call)."""
+        return {address(self._client): "outboxprobe:{0}"}
+
+
+class Cluster(Topology):
+    """A Valkey Cluster: calls aimed at nodes by slot, or sent to every primary."""
+
+    cluster = True
+
+    def __init__(self, client: ValkeyCluster) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> ValkeyCluster:
+        """The cluster client."""
+        return self._client
+
+    async def config_per_primary(self, *names: str) -> dict[str, dict[Any, Any]]:
+        """See ``Topology``."""
+        primaries = ValkeyCluster.PRIMARIES
+        raw: dict[str, dict[Any, Any]] = await self._client.config_get(
+            *names,  # type: ignore[arg-type]
+            target_nodes=primaries,
+        )
+        return raw
+
+    async def info_per_primary(self, section: str) -> dict[str, dict[str, Any]]:
+        """See ``Topology``."""
+        raw: dict[str, dict[str, Any]] = await self._client.info(
+            section, target_nodes=ValkeyCluster.PRIMARIES
+        )
+        return raw
+
+    def connection_settings(self) -> tuple[dict[str, Any], Any]:
+        """See ``Topology``."""
+        kwargs = self._client.get_connection_kwargs()
+        return kwargs, kwargs.get("connection_class")
+
+    async def on_one_connection(self, key: str, *commands: tuple[Any, ...]) -> list[Any]:
+        """See ``Topology`` (a pipeline aimed at the key's node)."""
+        node = self._client.get_node_from_key(key)
+        pipe: Any = self._client.pipeline()
+        for command in commands:
+            pipe.execute_command(*command, target_nodes=node)
+        # No redirections: a write re-sent alone would land on another connection.
+        return list(await pipe.execute(raise_on_error=False, allow_redirections=False))
+
+    async def key_per_primary(self, tries: int) -> dict[str, str]:
+        """See ``Topology`` (the slot table read first, then keys tried until each primary
+        that has slots has one)."""
+        await self._client.initialize()
+        targets: dict[str, str] = {}
+        primaries = {node.name for node in self._client.get_primaries()}
+        for n in range(tries):
+            key = f"outboxprobe:{{{n}}}"
+            node = self._client.get_node_from_key(key)
+            if node is not None:
+                targets.setdefault(node.name, key)
+            if primaries <= targets.keys():
+                break
+        return targets
+
+
+def topology_of(client: Client) -> Topology:
+    """The topology of ``client``: the one place storage asks which kind of client it has."""
+    if isinstance(client, ValkeyCluster):
+        return Cluster(client)
+    return Standalone(client)

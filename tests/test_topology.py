@@ -1,0 +1,52 @@
+"""storage/topology.py: standalone or cluster decided once; each operation reaches what it
+names (every primary, the node that owns a key) on both kinds of server."""
+
+from __future__ import annotations
+
+import pytest
+from valkey.exceptions import ResponseError
+
+from prompt_outbox.storage.client import Client
+from prompt_outbox.storage.topology import Cluster, Standalone, topology_of
+
+pytestmark = pytest.mark.cluster_too
+
+
+async def test_the_kind_is_the_clients(client: Client, server_kind: str) -> None:
+    topology = topology_of(client)
+    assert isinstance(topology, Cluster if server_kind == "cluster" else Standalone)
+    assert topology.cluster is (server_kind == "cluster")
+    assert topology.client is client
+
+
+async def test_every_primary_answers_once(client: Client, server_kind: str) -> None:
+    topology = topology_of(client)
+    primaries = 3 if server_kind == "cluster" else 1
+    configs = await topology.config_per_primary("maxmemory-policy")
+    infos = await topology.info_per_primary("replication")
+    assert len(configs) == primaries and configs.keys() == infos.keys()
+    for config, info in zip(configs.values(), infos.values(), strict=True):
+        assert {str(k, "utf-8") if isinstance(k, bytes) else k for k in config} == {
+            "maxmemory-policy"
+        }
+        assert info["role"] == "master"
+    kwargs, kind = topology.connection_settings()
+    assert "host" in kwargs or server_kind == "cluster"
+    assert isinstance(kind, type)
+    # A key on each primary, and the node named is the one that owns it.
+    keys = await topology.key_per_primary(100_000)
+    assert keys.keys() == configs.keys()
+    for node, key in keys.items():
+        answers = await topology.on_one_connection(key, ("SET", key, node), ("GET", key))
+        assert answers == [True, node.encode()]
+        if server_kind == "cluster":
+            owner = client.get_node_from_key(key)  # type: ignore[union-attr]
+            assert owner is not None and owner.name == node
+
+
+async def test_an_error_on_one_connection_is_an_answer_not_a_raise(client: Client) -> None:
+    answers = await topology_of(client).on_one_connection(
+        "k{1}", ("SET", "k{1}", "1"), ("INCRBY", "k{1}", "x"), ("GET", "k{1}")
+    )
+    assert answers[0] is True and answers[2] == b"1"
+    assert isinstance(answers[1], ResponseError)
