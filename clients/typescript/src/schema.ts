@@ -349,8 +349,8 @@ export interface paths {
         };
         /**
          * List Prompts
-         * @description The session's queue in FIFO order (the seed's List, with blockedByInFlight). Written
-         *     an entry at a time under the answer budgets: 429 / 503 ``answers_buffer_full`` (with
+         * @description The session's queue in FIFO order (docs/contract.md: list, with blockedByInFlight).
+         *     Written an entry at a time under the answer budgets: 429 / 503 ``answers_buffer_full`` (with
          *     ``Retry-After``) while this token's (or this replica's) answers hold their most.
          */
         get: operations["list_prompts_v1_workspaces__ws__sessions__ses__prompts_get"];
@@ -591,7 +591,8 @@ export interface components {
         };
         /**
          * EntryOut
-         * @description One listed entry: the seed's field names. Optional fields are omitted, never null.
+         * @description One listed entry, under the contract's field names (docs/contract.md). Optional fields
+         *     are omitted, never null.
          */
         EntryOut: {
             /**

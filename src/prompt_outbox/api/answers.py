@@ -1,5 +1,5 @@
 """What answers hold for their clients: bytes counted per token and per process, each with a
-clear refusal (issue 22, red-team hole 1).
+clear refusal, so that clients that do not read cannot make serve hold unbounded memory.
 
 A session's list and an event stream's messages (its opening ``queue.reset`` is the whole
 queue: up to ``cap`` entries near the text limit, 5 MB on the wire) are written to the

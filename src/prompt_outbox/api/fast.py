@@ -1,5 +1,5 @@
-"""The accept route without FastAPI's per-request machinery: it is the hot path (issue 12:
-HTTP accepts against a bare FastAPI route doing one RPUSH).
+"""The accept route without FastAPI's per-request machinery: it is the hot path (measured
+against a bare FastAPI route doing one RPUSH: docs/performance.md).
 
 With async dependencies, FastAPI's routing, dependency solving and answer validation still
 took half of serve's CPU per accept (bench/http.py: about 790 us, 370 us without them; a

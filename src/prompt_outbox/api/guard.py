@@ -1,4 +1,5 @@
-"""What a request must be before anything reads it (issue 22, findings 1 and 2).
+"""What a request must be before anything reads it (its head and body bounded, so no request
+makes serve read or hold more than it allows).
 
 ``RequestGuard`` is ASGI middleware in front of every route, the hot accept path included
 (``create_app`` installs it outside ``AcceptFastPath``, inside CORS). It reads the head only,

@@ -18,7 +18,8 @@ class Accepted(BaseModel):
 
 
 class EntryOut(BaseModel):
-    """One listed entry: the seed's field names. Optional fields are omitted, never null."""
+    """One listed entry, under the contract's field names (docs/contract.md). Optional fields
+    are omitted, never null."""
 
     id: str
     clientMessageID: str

@@ -183,8 +183,8 @@ def _json(status: int, content: dict[str, Any], headers: dict[str, str] | None =
 async def list_prompts(
     ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep, answers: AnswersDep
 ) -> Response:
-    """The session's queue in FIFO order (the seed's List, with blockedByInFlight). Written
-    an entry at a time under the answer budgets: 429 / 503 ``answers_buffer_full`` (with
+    """The session's queue in FIFO order (docs/contract.md: list, with blockedByInFlight).
+    Written an entry at a time under the answer budgets: 429 / 503 ``answers_buffer_full`` (with
     ``Retry-After``) while this token's (or this replica's) answers hold their most."""
     purse = answers.purse(caller)
     purse.admit()  # a caller at its bound costs no read

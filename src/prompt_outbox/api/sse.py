@@ -10,16 +10,16 @@ whitespace inside a caller's raw ``model`` (JSON strings escape theirs); each li
 ``data:`` line of its own, which the client joins back with LF (a CR or CRLF in that
 whitespace arrives as LF: the same JSON). ``id`` and ``event`` never hold one.
 
-Backpressure and memory (issue 22, red-team hole 1): a message is formatted and handed to the
-server in pieces (``answers.gathered``, about 16 KiB each) an entry at a time, so the whole
-reset (the queue, up to 5 MB on the wire) never exists as one string. Starlette awaits each
-``send``, and uvicorn's ``send`` waits while its transport holds over its high-water mark
-(flow control), so a client that does not read stops this generator, and the feed's bounds
-take over for what comes next. What a message holds meanwhile (its entries not yet written,
-the piece in flight) is charged to the caller's and the process's answer budgets
-(``answers.py``) from when it is read until the transport took its last piece; a message
-that does not fit ends the stream (the client resumes after its last event), and a client
-that takes nothing for ``serve --send-timeout`` has its connection aborted
+Backpressure and memory (a client that stops reading must not make serve hold its answer): a
+message is formatted and handed to the server in pieces (``answers.gathered``, about 16 KiB
+each) an entry at a time, so the whole reset (the queue, up to 5 MB on the wire) never exists
+as one string. Starlette awaits each ``send``, and uvicorn's ``send`` waits while its transport
+holds over its high-water mark (flow control), so a client that does not read stops this
+generator, and the feed's bounds take over for what comes next. What a message holds meanwhile
+(its entries not yet written, the piece in flight) is charged to the caller's and the process's
+answer budgets (``answers.py``) from when it is read until the transport took its last piece; a
+message that does not fit ends the stream (the client resumes after its last event), and a
+client that takes nothing for ``serve --send-timeout`` has its connection aborted
 (``cli/heads.py``), which ends the stream and frees all of it."""
 
 from __future__ import annotations

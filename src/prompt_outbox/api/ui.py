@@ -1,4 +1,4 @@
-"""The queue page (issue 14): the static files bundled from ``clients/ui`` into the package,
+"""The queue page: the static files bundled from ``clients/ui`` into the package,
 served at ``/ui/`` under a CSP that allows nothing but this origin's own files, and ``/``
 sent there. None of it is in the OpenAPI (it is no API), and it needs no token (the page asks
 for one)."""

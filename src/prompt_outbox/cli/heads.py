@@ -1,5 +1,5 @@
 """The HTTP edge of ``serve``: uvicorn's two HTTP/1.1 protocols with the request head capped
-and timed, and the connections counted (issue 22, finding 2 and its slow-client follow-up).
+and timed, and the connections counted (a request head cannot take unbounded memory or time).
 
 uvicorn reads a request's head whole before the app sees it, with no bound of its own on the
 httptools side: one 100 MB header line took 23 s of the event loop (which the delivery
@@ -31,7 +31,7 @@ is answered 503 ``too_many_connections`` with ``Retry-After`` and closed as it i
 before it costs more than its socket, so that slow or idle clients cannot take the process's
 file descriptors (at which point accepts stall for everyone, the health probes included).
 
-Clients that stop reading (issue 22, red-team hole 1). Each connection's transport stops
+Clients that stop reading. Each connection's transport stops
 the writer (uvicorn's flow control) past ``TRANSPORT_HIGH_WATER`` (16 KiB, set here on every
 connection: asyncio's default is 64), and a connection whose client takes none of what serve
 wrote it for ``Edge.send_timeout`` is aborted, with a reset (``stalls.StallWatch``).

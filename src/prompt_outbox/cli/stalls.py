@@ -1,5 +1,5 @@
 """Stalled clients: the clocks of a connection, and what serve grants clients that stop
-reading (issue 22: the slow-client follow-up, and red-team hole 1).
+reading (slow clients, and those that read nothing: docs/security.md).
 
 ``HeadClock`` bounds the time a client takes to send its next request head (slowloris);
 ``StallWatch`` the time it may take none of an answer serve wrote it (``cli/heads.py`` runs

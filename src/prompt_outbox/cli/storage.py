@@ -83,7 +83,8 @@ def storage_options(command: F) -> F:
                 "--tunables",
                 "tunables_json",
                 envvar="PROMPT_OUTBOX_TUNABLES",
-                help="JSON of Tunables fields, e.g. '{\"lease_ttl\": 10}' (default: the seed's)",
+                help="JSON of Tunables fields, e.g. '{\"lease_ttl\": 10}' (default: see"
+                " docs/contract.md)",
             ),
         ]
     ):

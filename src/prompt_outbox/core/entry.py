@@ -28,7 +28,7 @@ class Status(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One accepted prompt. Attributes are the seed's fields in snake_case.
+    """One accepted prompt. Attributes are the contract's fields in snake_case.
 
     ``model`` is the caller's raw JSON text, stored and returned unchanged. ``blocked_by_in_flight``
     and ``in_flight_for`` (seconds) are set by ``Outbox.list`` only and never stored; so is
@@ -59,7 +59,7 @@ class Entry:
     trace: str = field(default="", compare=False)
 
     def to_json(self) -> str:
-        """The stored form: the seed's field names, ``model`` spliced in as raw JSON, and the
+        """The stored form: the contract's field names, ``model`` spliced in as raw JSON, and the
         trace context (``traceparent``) when there is one."""
         return encode_entry(self, with_list_fields=False, stored=True)
 

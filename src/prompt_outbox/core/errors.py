@@ -63,7 +63,7 @@ class SessionBusy(Exception):
 
 
 class OutboxFull(Exception):
-    """The session's outbox holds ``cap`` entries already (the seed's ErrCapped)."""
+    """The session's outbox holds ``cap`` entries already: accept refuses it (docs/contract.md)."""
 
     def __init__(self, cap: int) -> None:
         super().__init__(f"session outbox is full ({cap} entries)")

@@ -1,4 +1,5 @@
-"""The agent-side delivery ledger's state names (the seed's frozen ABI enum names)."""
+"""The agent-side delivery ledger's state names (the agent platform's enum names, which
+the contract freezes: docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ PARKED_WHILE_VERIFYING = "parked while verifying: "
 
 
 class Outcome(enum.Enum):
-    """The seed's classes of a delivery attempt's result."""
+    """The classes of a delivery attempt's result (docs/contract.md, Delivery outcomes)."""
 
     DELIVERED = "delivered"
     DEFINITIVE = "definitive"

@@ -1,4 +1,5 @@
-"""Tunables: the seed's knobs (and a few of ours) in one frozen object passed to the Outbox."""
+"""Tunables: the contract's knobs (docs/contract.md, Tunables) and a few of ours, in one
+frozen object passed to the Outbox."""
 
 from __future__ import annotations
 
@@ -39,10 +40,10 @@ _DEFAULT_LEVEL = _DefaultLevel("fsync")
 
 @dataclass(frozen=True, slots=True)
 class Tunables:
-    """Every duration is float seconds. Defaults are the seed's; tests pass small values.
+    """Every duration is float seconds. Defaults are the contract's; tests pass small values.
 
     Three of ours follow another field unless set (0 means "derive it"): ``lock_ttl`` is
-    ``delivery_timeout + 2 min`` (the seed's rule); ``lease_ttl``, the short delivery-lock lease
+    ``delivery_timeout + 2 min`` (the contract's rule); ``lease_ttl``, the short delivery-lock lease
     the living worker renews (a killed worker's session unfreezes after at most this long), is
     30 s, or ``lock_ttl`` if that is shorter; ``hook_retry_after`` (an OnDelivered owed by a
     worker that died after its claim is fired again by another worker after this long) is twice
@@ -62,7 +63,7 @@ class Tunables:
     deliveries, which free room, still have the rest; ``memory_check_interval`` is how long a
     node's reading is kept.
 
-    Every combination of the seed's knobs that the seed allows constructs (counts >= 1,
+    Every combination of the contract's knobs that the contract allows constructs (counts >= 1,
     durations of at least a millisecond, ``lock_ttl > delivery_timeout``); a value the caller
     set that breaks a rule is refused with a ValueError naming that field. A derived value
     stays derived: handed to another Tunables (``dataclasses.replace`` does), it is derived

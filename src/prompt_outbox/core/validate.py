@@ -120,7 +120,7 @@ def payload_fingerprint(text: str, model: str | None) -> str:
 
 
 WhileBusy = Literal["enqueue", "reject", "interrupt"]
-"""What an accept does when its session is busy (issue 13's whileBusy)."""
+"""What an accept does when its session is busy (``whileBusy``: docs/design.md, Busy sessions)."""
 WHILE_BUSY: tuple[WhileBusy, ...] = ("enqueue", "reject", "interrupt")
 
 

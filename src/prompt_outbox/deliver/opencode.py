@@ -4,7 +4,7 @@ ambiguous sends in the transcript (docs/opencode-turns.md).
 The send is ``POST {base}/session/{id}/prompt_async``: opencode stores the user message,
 starts the turn and answers 204 at once. The deliverer then returns ``Turn(messageID)``: the
 entry is delivered, and the session stays held in turn until opencode reports the session idle
-on its event stream (``opencode_events``). Outcome classes of the send (the seed's):
+on its event stream (``opencode_events``). Outcome classes of the send (docs/contract.md):
 
 - a connection refused, a connect timeout, or no free connection to that server within
   ``connect_timeout``: nothing reached opencode (transient);
@@ -272,7 +272,7 @@ class OpencodeDeliverer:
         except InvalidTarget:
             raise  # a misconfiguration, not a passing failure: definitive
         except Exception as exc:
-            # The seed's own example of a transient failure: the endpoint could not be resolved.
+            # The contract's own example of a transient failure: the endpoint could not be resolved.
             raise transient(exc) from exc
 
     @staticmethod

