@@ -54,3 +54,9 @@ async def test_aliases_and_admin_act_on_the_same_entries(outbox: Outbox) -> None
     assert await Outbox.dismiss(outbox, "acme", "s1", "e2") is DismissResult.REMOVED
     assert await outbox.admin.dismiss("acme", "s1", "e2") is DismissResult.NOT_FOUND
     assert await outbox.count_by_status() == await outbox.admin.count_by_status() == {"pending": 1}
+
+
+def test_the_class_shows_each_alias_as_its_admin_method() -> None:
+    for name in ACTIONS:
+        alias, real = getattr(Outbox, name), getattr(Admin, name)
+        assert inspect.signature(alias) == inspect.signature(real)  # help(Outbox) reads both

@@ -9,6 +9,7 @@ first recovers a dead worker's staged entries, so it never acts around them.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -371,11 +372,11 @@ class HasAdmin(Protocol):
 class AdminAlias(Generic[P, R]):
     """An alias, on the Outbox, of one ``Admin`` method: ``outbox.retry`` is
     ``outbox.admin.retry`` (the same bound method, the same signature); its docstring is the
-    real one's, so it is written once, here."""
+    real one's (with its signature, for help()), written once, on the ``Admin`` method."""
 
     def __init__(self, method: Callable[Concatenate[Admin, P], R]) -> None:
         self.name = method.__name__
-        self.__doc__ = method.__doc__
+        functools.update_wrapper(self, method)
 
     @overload
     def __get__(self, obj: None, owner: type) -> AdminAlias[P, R]: ...
