@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from valkey.asyncio.cluster import ValkeyCluster
 from valkey.exceptions import ResponseError
 
 from ..core.keys import SessionKeys
 from .client import Client
+from .topology import topology_of
 
 log = logging.getLogger("prompt_outbox.storage")
 
@@ -54,6 +54,7 @@ class MemoryCeiling:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
+        self.topology = topology_of(client)
         self.ratio = ratio
         self.interval = interval
         self._clock = clock
@@ -64,27 +65,17 @@ class MemoryCeiling:
     async def prime(self) -> None:
         """Read every primary now (``Outbox.check_durability`` does, before the first accept),
         so that no accept of the first interval pays the read."""
-        if not isinstance(self.client, ValkeyCluster):
-            await self._read(None, "")
-            return
-        for node in self.client.get_primaries():
-            await self._read(node, str(node.name))
+        for node, name in self.topology.primary_nodes():
+            await self._read(node, name)
 
     async def over(self, k: SessionKeys) -> Memory | None:
         """The reading of the node that owns the session's slot if accepts must stop there,
         else None."""
-        node, name = self._node(k)
+        node, name = self.topology.node_of(k.queue)
         memory = self._readings.get(name)
         if memory is None or self._clock() - memory.read_at >= self.interval:
             memory = await self._read(node, name)
         return memory if memory.over(self.ratio) else None
-
-    def _node(self, k: SessionKeys) -> tuple[Any, str]:
-        if isinstance(self.client, ValkeyCluster):
-            node = self.client.get_node_from_key(k.queue)
-            if node is not None:
-                return node, str(node.name)
-        return None, ""
 
     async def _read(self, node: Any, name: str) -> Memory:
         # One read per node at a time: the accepts that find it stale meanwhile wait for it.
@@ -93,7 +84,7 @@ class MemoryCeiling:
             if memory is not None and self._clock() - memory.read_at < self.interval:
                 return memory
             try:
-                info = await self._info(node)
+                info = await self.topology.info_of(node, "memory")
             except ResponseError as exc:
                 # INFO refused (an ACL without it, a renamed command): no ceiling to keep.
                 if name not in self._unreadable:
@@ -105,12 +96,3 @@ class MemoryCeiling:
             )
             self._readings[name] = memory
             return memory
-
-    async def _info(self, node: Any) -> dict[str, Any]:
-        if node is None:
-            info: dict[str, Any] = await self.client.info("memory")
-            return info
-        answer = await self.client.info("memory", target_nodes=node)
-        if "used_memory" not in answer and len(answer) == 1:  # keyed by the node's name
-            [answer] = answer.values()
-        return dict(answer)

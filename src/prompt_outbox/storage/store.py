@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
 from valkey.exceptions import ClusterError, NoScriptError, TryAgainError
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
@@ -21,7 +20,6 @@ from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 from ..core.errors import StorageFormatError
 from ..core.keys import FORMAT_KEY, STORAGE_FORMAT, SessionKeys, WorkspaceKeys
 from . import replies, waitaof
-from .autopipe import AutoPipeline
 from .client import Client
 from .dueindex import DueIndex
 from .memory import MemoryCeiling
@@ -109,10 +107,8 @@ class Store:
         """The walks over every workspace (maintenance, recovery, counts, admin)."""
         self.turns = TurnStore(client, self._run, self.due)
         """Sessions held in turn: their ends, checks and owners (storage/turnstore.py)."""
-        self._pipe = None
+        self._pipe = self.topology.auto_pipeline(self.load_scripts)
         self._format_recorded = False
-        if not isinstance(client, ValkeyCluster):
-            self._pipe = AutoPipeline(client, self.load_scripts)
 
     async def record_format(self) -> None:
         """Record this version's storage format in Valkey, once per Store (format.lua); raise
@@ -158,7 +154,7 @@ class Store:
         A cluster keeps the marks in other slots than the workspace and refuses scripts in a
         pipeline: mark before, run, mark after, in that order, and no ``tail`` (answers [])."""
         await self.record_format()  # the pipeline below bypasses ``_run``
-        if isinstance(self.client, ValkeyCluster):
+        if self.topology.cluster:
             await self.due.mark(ws, now_ms, "before")
             reply = await self._run(name, keys, args)
             await self.due.mark(ws, now_ms, "after")
@@ -211,7 +207,7 @@ class Store:
         the accept's time, which is the entry's ``acceptedAt``: the tally's oldest pending
         takes it from here, so the script never decodes the entry."""
         marker = k.dedupe(cmid)
-        alone = isinstance(self.client, ValkeyCluster)
+        alone = self.topology.cluster
         tail = wait.commands() if wait is not None and not alone else []
         keys = [*k.script_keys(), marker, k.fingerprint(cmid)]
         waits = int(bool(tail))
@@ -430,14 +426,7 @@ class Store:
         """SCRIPT LOAD every script (on a cluster, on every primary), then record the format.
         Done once before the first accept, so that it does not meet NOSCRIPT and send its
         durability wait twice, nor spend a round trip on the format."""
-        if isinstance(self.client, ValkeyCluster):
-            for script in self._scripts.values():
-                await self.client.script_load(script.script)
-        else:
-            loading = self.client.pipeline(transaction=False)
-            for script in self._scripts.values():
-                loading.script_load(script.script)
-            await loading.execute()
+        await self.topology.load_scripts([script.script for script in self._scripts.values()])
         await self.record_format()
 
     async def ping(self) -> bool:

@@ -13,11 +13,14 @@ dueindex.py, shardsub.py, memory.py) still ask the client themselves: docs/archi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from valkey.asyncio import Valkey
 from valkey.asyncio.cluster import ValkeyCluster
+from valkey.typing import ScriptTextT
 
+from .autopipe import AutoPipeline
 from .client import Client, address
 
 
@@ -53,6 +56,35 @@ class Topology(ABC):
     async def key_per_primary(self, tries: int) -> dict[str, str]:
         """A key in the slots of each primary: its address -> the key (``outboxprobe:{n}``,
         at most ``tries`` tags tried)."""
+
+    @abstractmethod
+    def primary_nodes(self) -> list[tuple[Any, str]]:
+        """Each primary as (node, name) for ``info_of``; one server: ``[(None, "")]``."""
+
+    @abstractmethod
+    def node_of(self, key: str) -> tuple[Any, str]:
+        """The node that owns ``key`` as (node, name); one server (or a slot no node
+        serves yet): ``(None, "")``."""
+
+    async def info_of(self, node: Any, section: str) -> dict[str, Any]:
+        """``INFO section`` of ``node`` (from ``primary_nodes`` / ``node_of``; None: the
+        client's default node)."""
+        if node is None:
+            info: dict[str, Any] = await self.client.info(section)
+            return info
+        answer = await self.client.info(section, target_nodes=node)
+        if len(answer) == 1 and isinstance(next(iter(answer.values())), dict):
+            [answer] = answer.values()  # keyed by the node's name
+        return dict(answer)
+
+    @abstractmethod
+    async def load_scripts(self, sources: list[ScriptTextT]) -> None:
+        """SCRIPT LOAD each source on every primary."""
+
+    @abstractmethod
+    def auto_pipeline(self, load_scripts: Callable[[], Awaitable[None]]) -> AutoPipeline | None:
+        """The pipeline that batches concurrent script calls (autopipe.py), or None where
+        scripts run alone (a cluster refuses scripts in a pipeline)."""
 
 
 class Standalone(Topology):
@@ -93,6 +125,25 @@ class Standalone(Topology):
     async def key_per_primary(self, tries: int) -> dict[str, str]:
         """See ``Topology`` (one primary, no call)."""
         return {address(self._client): "outboxprobe:{0}"}
+
+    def primary_nodes(self) -> list[tuple[Any, str]]:
+        """See ``Topology``."""
+        return [(None, "")]
+
+    def node_of(self, key: str) -> tuple[Any, str]:
+        """See ``Topology``."""
+        return None, ""
+
+    async def load_scripts(self, sources: list[ScriptTextT]) -> None:
+        """See ``Topology`` (one pipeline)."""
+        loading = self._client.pipeline(transaction=False)
+        for source in sources:
+            loading.script_load(source)
+        await loading.execute()
+
+    def auto_pipeline(self, load_scripts: Callable[[], Awaitable[None]]) -> AutoPipeline:
+        """See ``Topology``."""
+        return AutoPipeline(self._client, load_scripts)
 
 
 class Cluster(Topology):
@@ -152,6 +203,25 @@ class Cluster(Topology):
             if primaries <= targets.keys():
                 break
         return targets
+
+    def primary_nodes(self) -> list[tuple[Any, str]]:
+        """See ``Topology`` (the slot table the client holds)."""
+        return [(node, str(node.name)) for node in self._client.get_primaries()]
+
+    def node_of(self, key: str) -> tuple[Any, str]:
+        """See ``Topology``."""
+        node = self._client.get_node_from_key(key)
+        return (None, "") if node is None else (node, str(node.name))
+
+    async def load_scripts(self, sources: list[ScriptTextT]) -> None:
+        """See ``Topology`` (one call at a time: the cluster client sends each to every
+        primary)."""
+        for source in sources:
+            await self._client.script_load(source)
+
+    def auto_pipeline(self, load_scripts: Callable[[], Awaitable[None]]) -> None:
+        """See ``Topology`` (none: every script call runs alone)."""
+        return None
 
 
 def topology_of(client: Client) -> Topology:
