@@ -1,11 +1,21 @@
-"""The README's example is examples/quickstart.py, and it runs as written."""
+"""The README's examples are examples/quickstart.py and examples/quickstart.sh; both run
+as written."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
+
+from prompt_outbox.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,3 +42,72 @@ def test_quickstart_runs_and_delivers_durably(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     assert "already accepted as" in second.stdout
     assert "got:" not in second.stdout  # and it is not delivered twice
+
+
+def _block(lang: str, first_line: str) -> str:
+    """The README's fenced ``lang`` block that begins with ``first_line``."""
+    readme = (ROOT / "README.md").read_text()
+    [block] = [
+        b
+        for b in re.findall(rf"```{lang}\n(.*?)```", readme, flags=re.S)
+        if b.startswith(first_line)
+    ]
+    return block
+
+
+def test_readme_service_quickstart_is_the_shell_file() -> None:
+    script = (ROOT / "examples" / "quickstart.sh").read_text()
+    assert _block("sh", "# A token file") == script
+
+
+def test_service_quickstart_runs_accepts_delivers_and_streams(tmp_path: Path) -> None:
+    """examples/quickstart.sh as a newcomer runs it (on free ports instead of 8080 and 9000):
+    the token file is read, the stand-in agent gets the prompt, the accept answers 202, the
+    event stream opens with the queue, and the queue page is served where the README says."""
+    curl = shutil.which("curl")
+    assert curl, "the quickstart uses curl (apt-get install curl)"
+    api, agent = free_port(), free_port()
+    script = (ROOT / "examples" / "quickstart.sh").read_text()
+    assert script.count("8080") == 4 and script.count("9000") == 2
+    script = script.replace("8080", str(api)).replace("9000", str(agent))
+    (tmp_path / "examples").mkdir()
+    shutil.copy(ROOT / "examples" / "webhook_agent.py", tmp_path / "examples")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    log = tmp_path / "out.txt"
+    with log.open("w") as sink:  # a file: the agent and serve, left running, keep it open
+        proc = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # the agent and serve (with its Valkey) in one group to stop
+        )
+    try:
+        proc.wait(timeout=90)
+        out = log.read_text()
+        assert '"status":"pending"' in out.replace(" ", "")  # the accept's 202
+        assert "agent acme/chat-1 got: 'Hello, agent!'" in out  # delivered, signature checked
+        assert "event: queue.reset" in out  # curl -N: the stream opens with the queue
+        page = httpx.get(f"http://127.0.0.1:{api}/", follow_redirects=True, timeout=10)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        # The README names the page at the port the quickstart serves on.
+        assert "http://127.0.0.1:8080/" in (ROOT / "README.md").read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+        _wait_group_gone(proc.pid)
+
+
+def _wait_group_gone(pgid: int) -> None:
+    """Until every process of the group has exited (SIGKILL after 20 s), so no agent or
+    embedded Valkey outlives the test."""
+    for _ in range(200):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
