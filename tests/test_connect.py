@@ -1,7 +1,7 @@
 """connect(): a cluster client that survives a failover: its slot table through the MOVED
 storm, and the commands of other tasks while it rebuilds that table. Each workaround has a
 test of the library bug it exists for: when a valkey-py release fixes one, that test fails, and
-the workaround in storage/connect.py can go."""
+the workaround in storage/compat.py can go."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_one_moved_met_by_two_commands_is_applied_once() -> None:
 
 def test_the_library_alone_demotes_the_new_primary() -> None:
     # The library bug the workaround exists for. When a valkey-py release fixes it, this test
-    # fails, and _FailoverNodesManager's _update_moved_slots can go.
+    # fails, and FailoverNodesManager._update_moved_slots (storage/compat.py) can go.
     nodes = NodesManager([ClusterNode("127.0.0.1", 1, PRIMARY)], False, {})
     _, new = _after_failover(nodes)
     for _ in range(2):
