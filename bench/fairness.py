@@ -1,4 +1,4 @@
-"""The fairness benchmark (issue 23 point 6): another tenant's prompt behind one's backlog.
+"""The fairness benchmark: another tenant's prompt behind one's backlog.
 
     .venv/bin/python -m bench.fairness [--backlog 5000] [--samples 20] [--send-ms 100]
                                        [--out FILE] [--results FILE]

@@ -1,4 +1,4 @@
-"""Memory under a flood of oversized requests (issue 22, finding 2): ``prompt-outbox serve``
+"""Memory under a flood of oversized requests: ``prompt-outbox serve``
 against bodies and request heads far over its limits, with and without a token.
 
     .venv/bin/python -m bench.flood [--requests 64] [--connections 16] [--megabytes 100]

@@ -1,5 +1,5 @@
 """What every benchmark does with its figures: print its table, append it to ``--out``, and
-append its verdicts on issue 12's targets to ``--results`` (JSON lines), from which
+append its verdicts on the performance targets to ``--results`` (JSON lines), from which
 ``bench.summary`` writes the targets table into docs/performance.md; and how it stops the
 servers it started."""
 

@@ -1,4 +1,4 @@
-"""Serve's memory for the overview and the entry counts (issue 22, red-team hole 2): a real
+"""Serve's memory for the overview and the entry counts (they once read every entry): a real
 ``prompt-outbox serve`` answering the queue page's two overview routes and a ``/metrics``
 count while one workspace holds ``--megabytes`` of entries.
 

@@ -1,4 +1,4 @@
-"""Round trips per delivered prompt, and what they allow: issue 12's "≤ 3 round trips per
+"""Round trips per delivered prompt, and what they allow: the target "≤ 3 round trips per
 delivered prompt at steady state with hooks wired, that is ≥ 1/3 of the raw rate of one
 valkey-py client calling a no-op script, measured in the same run".
 

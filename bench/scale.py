@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.scale [--workspaces 10000] [--streams 1000] [--samples 300]
                                     [--out FILE] [--results FILE]
 
-It measures the rows of issue 10's table on one machine, in one run, so each figure can be
+It measures the scale rows (docs/performance.md) on one machine, in one run, so each figure can be
 read against the others (never as an absolute: these machines are shared and noisy):
 
 - Valkey commands per second of an idle ``run()`` (tick 1 s), with 10 and with N workspaces
@@ -11,7 +11,7 @@ read against the others (never as an absolute: these machines are shared and noi
   over a 5 s window after a 2 s warm-up, less the INFO call itself.
 - accept -> delivery start, p50 / p95 / p99, with those idle workspaces present: ``--samples``
   sequential accepts into fresh sessions of one busy workspace, each waited for. With 10
-  workspaces it is issue 12's latency row (``--results``: p50 <= 5 ms and p99 <= 25 ms).
+  workspaces it is the latency target's row (``--results``: p50 <= 5 ms and p99 <= 25 ms).
 - the repair pass (the safety net) over those workspaces: commands of a full pass and of a
   scheduled one.
 - ``prompt-outbox serve`` with S open SSE streams: Valkey connections (INFO clients), and
@@ -62,7 +62,7 @@ ERROR_ENTRY = (
 )
 
 
-# Issue 12's latency row: its name in the targets table (bench/output.py), and its bar.
+# The latency target's row: its name in the targets table (bench/output.py), and its bar.
 LATENCY_TARGET = "Latency: accept → delivery start, idle worker"
 LATENCY_BAR = "p50 ≤ 5 ms and p99 ≤ 25 ms"
 P50_MAX_MS, P99_MAX_MS = 5.0, 25.0
@@ -309,7 +309,7 @@ async def streams(url: str, client: valkey_async.Valkey, count: int, figures: Fi
 
 
 async def run(workspaces: int, stream_count: int, samples: int, figures: Figures) -> Figures:
-    tunables = Tunables()  # the seed's defaults: what a deployment runs
+    tunables = Tunables()  # the contract's defaults: what a deployment runs
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, EmbeddedValkey(tmp) as server:
         client = connect(server.url)
         outbox = Outbox(client, tunables)
@@ -346,7 +346,7 @@ async def run(workspaces: int, stream_count: int, samples: int, figures: Figures
 
 
 def latency_verdict(figures: Figures, results: Path | None) -> None:
-    """Issue 12's latency row: judged on the 10-workspace figure (an idle worker, nothing else
+    """The latency target's row: judged on the 10-workspace figure (an idle worker, nothing else
     held); the figure among the idle workspaces goes in the note. The peers' figures are added
     to this row by ``bench.peers`` (its latency phase)."""
     small = figures.latencies[10]
@@ -368,7 +368,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=300, help="accepts per latency figure")
     parser.add_argument("--out", type=Path, help="write the figures here (markdown table)")
-    parser.add_argument("--results", type=Path, help="append issue 12's verdicts (JSON lines)")
+    parser.add_argument("--results", type=Path, help="append target verdicts (JSON lines)")
     args = parser.parse_args()
     started = time.monotonic()
     figures = asyncio.run(run(args.workspaces, args.streams, args.samples, Figures()))

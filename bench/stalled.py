@@ -8,7 +8,7 @@ Two cases, each on a fresh embedded Valkey with ``prompt-outbox serve`` started 
 setup, everything on 127.0.0.1; the figure to read is a ratio of two setups' growth within
 one run (these machines are shared and noisy).
 
-``edits`` (issue 22, finding 5): the stream buffers bounded in bytes (the defaults) against
+``edits``: the stream buffers bounded in bytes (the defaults) against
 bounded only in events. It accepts one prompt, opens ``--streams`` event streams of its
 session that read their response headers and then nothing more (a small receive buffer, as
 a stalled phone), then edits the prompt ``--edits`` times with a text of ``--text-kb`` KB:
@@ -21,7 +21,7 @@ streams were cut off.
 - events only: both set to 100000 MiB, so only ``FeedLimits.max_behind`` (1000 events)
   bounds a stream, as before the byte bounds.
 
-``answers`` (issue 22, red-team hole 1): the red team's session, 25 prompts of 34 000
+``answers`` (clients that stop reading a large answer): an attacker's session, 25 prompts of 34 000
 ``\\x01`` (JSON escapes each to six characters: a 5.1 MB list or reset), then ``--stalled``
 clients that send ``GET .../events`` (its opening reset) or ``GET .../prompts`` (the list)
 and read only the answer's head. It reports serve's VmRSS idle (the session filled and
@@ -228,7 +228,7 @@ async def run(streams: int, edits: int, text_kb: int, setups: tuple[Setup, ...] 
     return Report(streams, edits, text_kb, rows)
 
 
-# -- stalled answers (red-team hole 1) ------------------------------------------------------
+# -- stalled answers --------------------------------------------------------------------------
 
 ANSWERS_TARGET = "Memory: serve with stalled lists and event-stream resets"
 CTRL = "\x01" * 34_000  # the red team's text: 204 KB JSON-escaped, under the body limit

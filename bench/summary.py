@@ -1,4 +1,4 @@
-"""Issue 12's targets table: every benchmark's verdicts (``--results``, JSON lines written by
+"""The performance targets table: every benchmark's verdicts (``--results``, JSON lines written by
 ``bench.output.verdict``), one row per target, written between two markers in
 docs/performance.md with the machine, the versions and the command.
 

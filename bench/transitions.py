@@ -1,5 +1,5 @@
-"""Server time per transition against the session's queue length (issue 12: O(1), no
-full-queue decode per call).
+"""Server time per transition against the session's queue length (the target: O(1),
+no full-queue decode per call).
 
     .venv/bin/python -m bench.transitions [--lengths 1,25,1000] [--rounds 200] [--out FILE]
 

@@ -1,4 +1,4 @@
-"""The held-turns benchmark (issue 23 point 5): one worker holding 10,000 agent turns.
+"""The held-turns benchmark: one worker holding 10,000 agent turns.
 
     .venv/bin/python -m bench.turns [--turns 10000] [--window 30] [--samples 200]
                                     [--check-interval 60]

@@ -11,7 +11,7 @@ For each size (N no-op jobs over S sessions) and each system, on the same server
 between systems: enqueue every job (50 tasks), then start a worker of concurrency 50 in a
 process of its own, with a completion hook wired, and let it work the queue off. Reported per
 system: enqueue rate, processing rate (first job started -> Nth completion hook), ours ÷ it
-against issue 12's bar (>= 2x SAQ, BullMQ, streaq; >= 4x arq), Valkey commands per job (INFO
+against our bar (>= 2x SAQ, BullMQ, streaq; >= 4x arq), Valkey commands per job (INFO
 commandstats: every command, those run inside scripts included; and the EVAL/EVALSHA/FCALL
 calls), the worker's RSS when it finished, and per-session order violations / overlaps.
 
@@ -267,7 +267,7 @@ def median_run(runs: list[Measured]) -> Measured:
 
 
 def throughput_verdicts(report: Report, results: Path | None) -> None:
-    """Issue 12's end-to-end rows, one per size: ours against every peer's bar."""
+    """The end-to-end target rows, one per size: ours against every peer's bar."""
     sizes = {m.size: None for m in report.table.measured}
     for size in sizes:
         here = [m for m in report.table.measured if m.size == size]
@@ -308,7 +308,7 @@ OUR_KINDS = {
 
 
 def memory_verdicts(report: Report, results: Path | None) -> None:
-    """Issue 12's two memory rows (report-only: no bar), ours beside each peer's."""
+    """The two memory target rows (report-only: no bar), ours beside each peer's."""
     rows = {m.system.name: m for m in report.memory.measured}
     ours = rows.pop(OURS, None)
     if ours is None:
@@ -352,7 +352,7 @@ def memory_verdicts(report: Report, results: Path | None) -> None:
 
 
 def latency_verdict(report: Report, results: Path | None) -> None:
-    """The peers' figures for issue 12's latency row. bench.scale owns the row (ours on the
+    """The peers' figures for the latency target's row. bench.scale owns the row (ours on the
     embedded server, default Tunables): its last row is written again with the peers added.
     Without one (bench.scale did not run), ours as measured here stands in, and the note
     says so."""
@@ -404,7 +404,7 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated systems (default: all)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per work phase, seconds")
     parser.add_argument("--out", type=Path, help="append the tables here (markdown)")
-    parser.add_argument("--results", type=Path, help="append issue 12's verdicts (JSON lines)")
+    parser.add_argument("--results", type=Path, help="append target verdicts (JSON lines)")
     parser.add_argument(
         "--repeat", type=int, default=3, help="throughput runs per system and size (median kept)"
     )

@@ -1,5 +1,5 @@
 """The comparison tables: throughput (one row per system and size, ours' rate against each
-peer's, and whether issue 12's bar is met), memory (the server's bytes per queued job and
+peer's, and whether our bar is met), memory (the server's bytes per queued job and
 what holds them; the worker's RSS) and latency (a trickle into an idle worker). Figures are
 read against each other within one run on one server, never as absolutes (shared, noisy
 machines)."""

@@ -1,5 +1,5 @@
 """The systems the benchmark compares, where each one's driver and pins live, and the bar ours
-must clear against each (issue 12: at least 2x SAQ, BullMQ and streaq, 4x arq)."""
+must clear against each (our target: at least 2x SAQ, BullMQ and streaq, 4x arq)."""
 
 from __future__ import annotations
 
