@@ -1,4 +1,4 @@
-"""Public import path (README); the code lives in ``prompt_outbox.storage.durability``."""
+"""Public import path (docs/library.md); the code lives in ``prompt_outbox.storage.durability``."""
 
 from .storage.durability import DurabilityError, check_durability, durability_problems
 

@@ -1,4 +1,4 @@
-"""Public import path (README); the code lives in ``prompt_outbox.storage.embedded``."""
+"""Public import path (docs/library.md); the code lives in ``prompt_outbox.storage.embedded``."""
 
 from .storage.embedded import (
     MAXMEMORY_CAP,

@@ -1,4 +1,4 @@
-"""Public import path (README); the code lives in ``prompt_outbox.core.events``."""
+"""Public import path (docs/library.md); the code lives in ``prompt_outbox.core.events``."""
 
 from .core.events import QueueEvent, QueueReset
 

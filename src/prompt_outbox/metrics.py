@@ -1,4 +1,4 @@
-"""Public import path (README); the code lives in ``prompt_outbox.core.metrics``."""
+"""Public import path (docs/library.md); the code lives in ``prompt_outbox.core.metrics``."""
 
 from .core.metrics import CONTENT_TYPE, Metrics
 

@@ -1,4 +1,4 @@
-"""Public import path for webhook receivers (README, "webhook deliverer"): check a delivery's
+"""Public import path for webhook receivers (docs/deliverers.md): check a delivery's
 signature with ``verify_signature``; end a turn handed back (a 202 with ``{"turn": id}``) by
 POSTing ``turn_end_headers(...)`` to ``turn_end_path(...)`` on the API. The code lives in
 ``prompt_outbox.core.signature``, which the webhook deliverer signs with and the API's end

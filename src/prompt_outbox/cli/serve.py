@@ -336,7 +336,7 @@ def serve(
         feed = FeedLimits(
             max_behind_bytes=stream_buffer_mib * MIB, max_buffered_bytes=streams_buffer_mib * MIB
         )
-        # attach=False: a second serve on a data dir in use is refused (README, "Storage").
+        # attach=False: a second serve on a data dir in use is refused (docs/cli.md, "Storage").
         opened = open_outbox(
             valkey_url, data_dir, tunables_json, durability, feed, valkey_maxmemory, attach=False
         )

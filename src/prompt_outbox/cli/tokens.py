@@ -1,4 +1,5 @@
-"""``prompt-outbox tokens add``: a new bearer token in a token file (README, "Tokens")."""
+"""``prompt-outbox tokens add``: a new bearer token in a token file (its format: docs/api.md,
+``TokenTable``)."""
 
 from __future__ import annotations
 
