@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 import pytest
@@ -21,8 +19,9 @@ from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.connect import connect
 from tests.cluster import LocalCluster
 from tests.opencode_server import fake_model, opencode  # noqa: F401  (module-scoped fixtures)
-
-T = TypeVar("T")
+from tests.support.api import serve
+from tests.support.waiting import eventually as eventually  # re-exported: tests import it here
+from tests.support.waiting import holds as holds  # re-exported, as eventually
 
 # Small timings, so the seed's behaviour shows in seconds rather than minutes.
 FAST = Tunables(
@@ -139,8 +138,6 @@ def manual_outbox(client: Client, clock: ManualClock) -> Outbox:
 @pytest.fixture
 async def http(outbox: Outbox) -> AsyncIterator[httpx.AsyncClient]:
     """The HTTP API over ``outbox``, served by uvicorn on a real loopback port."""
-    from tests.test_api import serve  # lazily: test_api imports this module
-
     async for client in serve(outbox):
         yield client
 
@@ -163,22 +160,3 @@ def lax_server(tmp_path: Path) -> Iterator[int]:
     finally:
         proc.kill()
         proc.wait()
-
-
-async def holds(value: bool) -> bool:
-    """Wrap a plain condition for ``eventually``: ``eventually(lambda: holds(x == y))``."""
-    return value
-
-
-async def eventually(
-    predicate: Callable[[], Awaitable[T]], within: float = 5.0, interval: float = 0.01
-) -> T:
-    """Poll an async predicate until it is truthy (returns its value); fail after ``within``."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {within}s (last value {value!r})")
-        await asyncio.sleep(interval)

@@ -24,7 +24,7 @@ from prompt_outbox import (
 )
 from prompt_outbox.core.keys import SessionKeys
 from tests.conftest import FAST
-from tests.test_entry import MODELS
+from tests.support.entries import MODELS
 
 pytestmark = pytest.mark.cluster_too
 

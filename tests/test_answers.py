@@ -42,8 +42,8 @@ from prompt_outbox.cli.stalls import StallWatch
 from prompt_outbox.core.entry import encode_list
 from prompt_outbox.core.events import QueueEvent, QueueReset
 from prompt_outbox.embedded import EmbeddedValkey, free_port
-from tests.test_api_events import RAW_MODEL
-from tests.test_serve import service, wait_healthy
+from tests.support.events import RAW_MODEL
+from tests.support.serve import service, wait_healthy
 
 ALICE = Principal("alice", frozenset({"acme"}))
 BOB = Principal("bob", frozenset({"other"}))

@@ -4,58 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 import valkey.asyncio as valkey_async
 from click.testing import CliRunner
 
 from prompt_outbox import Outbox
-from prompt_outbox.api import TokenTable, create_app
+from prompt_outbox.api import create_app
 from prompt_outbox.cli import main
 from prompt_outbox.core.keys import FORMAT_KEY
 from prompt_outbox.embedded import free_port
 from tests.agents import ScriptedAgent
-from tests.conftest import FAST, eventually
-
-TOKENS = TokenTable.from_json(
-    json.dumps(
-        {
-            "tokens": [
-                {"token": "alice-token", "user": "alice", "workspaces": ["acme"]},
-                {"token": "bob-token", "user": "bob", "workspaces": ["other"]},
-                {"token": "ops-token", "user": "ops", "admin": True},
-            ]
-        }
-    )
-)
-ALICE = {"Authorization": "Bearer alice-token"}
-JSON_BODY = {"Content-Type": "application/json"}
-URL = "/v1/workspaces/acme/sessions/chat-1/prompts"
-
-
-async def serve(
-    outbox: Outbox, tokens: TokenTable = TOKENS, **options: Any
-) -> AsyncIterator[httpx.AsyncClient]:
-    port = free_port()
-    app = create_app(outbox, tokens, **options)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    await eventually(lambda: _started(server))
-    # Every body here is JSON, so the client says so (api/guard.py: 415 otherwise).
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", timeout=10, headers=JSON_BODY
-    ) as http:
-        yield http
-    server.should_exit = True
-    await task
-
-
-async def _started(server: uvicorn.Server) -> bool:
-    return server.started
+from tests.conftest import FAST
+from tests.support.api import ALICE, JSON_BODY, OPS, TOKENS, URL, samples, serve
 
 
 async def test_accept_list_and_duplicate(http: httpx.AsyncClient, outbox: Outbox) -> None:
@@ -266,9 +229,6 @@ async def test_ready_and_openapi(http: httpx.AsyncClient) -> None:
     assert json.loads(printed.output) == spec
 
 
-OPS = {"Authorization": "Bearer ops-token"}
-
-
 async def test_admin_routes_need_an_admin_token(http: httpx.AsyncClient) -> None:
     for method, path, body in [
         ("POST", "/v1/workspaces/acme/park", {"reason": "flip"}),
@@ -311,16 +271,6 @@ async def test_a_typed_body_with_nan_or_an_unknown_field_is_422_not_500(
     r = await http.post("/v1/workspaces/acme/park", content=body, headers=OPS)
     assert (r.status_code, r.json()["error"]) == (422, "invalid_request"), r.text
     assert all("input" not in problem for problem in r.json()["detail"])
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 async def test_metrics_count_the_work_and_the_entries(

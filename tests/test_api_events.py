@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -22,35 +21,10 @@ from prompt_outbox.core.events import QueueReset
 from prompt_outbox.storage.client import Client
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, eventually
-from tests.test_api import ALICE, URL, serve
-from tests.test_events import ARABIC_INDIC
+from tests.support.api import ALICE, URL, serve
+from tests.support.events import ARABIC_INDIC, EVENTS, RAW_MODEL, SpecSse, Sse, data
 
-EVENTS = URL.removesuffix("/prompts") + "/events"
 JSON_TYPE = "application/json"
-
-
-class Sse:
-    """Reads one SSE response message by message."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._lines = response.aiter_lines()
-
-    async def next(self, within: float = 5.0) -> dict[str, Any]:
-        message: dict[str, Any] = {}
-        async with asyncio.timeout(within):
-            async for line in self._lines:
-                if not line:
-                    if "event" in message:
-                        return message
-                    message = {}
-                    continue
-                name, _, value = line.partition(":")
-                message[name] = value.removeprefix(" ")
-        raise AssertionError(f"stream ended; partial message {message}")
-
-
-def data(message: dict[str, Any]) -> Any:
-    return json.loads(message["data"])
 
 
 async def test_reset_then_an_update_per_change(http: httpx.AsyncClient, outbox: Outbox) -> None:
@@ -184,53 +158,6 @@ async def test_past_the_process_bound_a_new_stream_is_503(outbox: Outbox) -> Non
 def test_stream_limits_refuse_nonsense() -> None:
     with pytest.raises(ValueError, match="per_token"):
         StreamLimits(per_token=0)
-
-
-class SpecSse:
-    """Reads an SSE response as the spec (and a browser's EventSource, and eventsource-parser)
-    does: lines end at CRLF, LF or CR, and only there; a message's ``data`` lines are joined
-    with LF. (httpx's ``aiter_lines`` also splits at U+2028 and the like, which a JSON string
-    may hold raw.) ``ended`` once the server closed the stream."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._chunks = response.aiter_text()
-        self._pending = ""
-        self.ended = False
-
-    async def _line(self) -> str | None:
-        while True:
-            found = re.search(r"\r\n|\r|\n", self._pending)
-            # A CR at the very end may be the first half of a CRLF: wait for more.
-            if found and not (found.group() == "\r" and found.end() == len(self._pending)):
-                line, self._pending = self._pending[: found.start()], self._pending[found.end() :]
-                return line
-            try:
-                self._pending += await anext(self._chunks)
-            except StopAsyncIteration:
-                self.ended = True
-                return None
-
-    async def next(self, within: float = 5.0) -> dict[str, Any] | None:
-        """The next message with an event name, or None once the stream ended."""
-        message: dict[str, Any] = {}
-        data: list[str] = []
-        async with asyncio.timeout(within):
-            while (line := await self._line()) is not None:
-                if not line:
-                    if "event" in message:
-                        return {**message, "data": "\n".join(data)}
-                    message, data = {}, []
-                    continue
-                name, _, value = line.partition(":")
-                value = value.removeprefix(" ")
-                if name == "data":
-                    data.append(value)
-                elif name:
-                    message[name] = value
-        return None
-
-
-RAW_MODEL = '{"a":\n1,\r\n"b":[2,\r3],\n"c":"\u2028"}'  # line breaks in the JSON's whitespace
 
 
 async def test_a_model_with_line_breaks_never_splits_an_event(http: httpx.AsyncClient) -> None:

@@ -1,6 +1,6 @@
 """The rules of the house that no linter checks: no module reaches into another's private
-names, and no module grows past what one reader holds in mind (the layers themselves are
-import-linter's job, in ``make lint``)."""
+names, no module grows past what one reader holds in mind, and no test module imports another
+(the layers themselves are import-linter's job, in ``make lint``)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,34 @@ def test_no_module_is_over_the_size_one_reader_holds() -> None:
     assert len(sizes) > 30  # the walk found the package
     too_big = {str(p): n for p, n in sizes.items() if n > MAX_LINES}
     assert not too_big, too_big
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _test_modules_imported(tree: ast.Module) -> list[tuple[int, str]]:
+    """The ``tests.test_*`` modules one test file imports, however spelled."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ("." * node.level) + (node.module or "")
+            names = [base] + [f"{base}.{a.name}".lstrip(".") for a in node.names]
+        else:
+            continue
+        found += [(node.lineno, n) for n in names if n.split(".")[-1].startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    # What tests share lives in tests/support: a test module imported by another runs its
+    # fixtures and import-time work twice and ties one file's edits to the other's tests.
+    paths = sorted(TESTS.rglob("*.py"))
+    assert len(paths) > 80  # the walk found the tests
+    found = [
+        f"{path.relative_to(TESTS)}:{line} imports {name}"
+        for path in paths
+        for line, name in _test_modules_imported(ast.parse(path.read_text(), filename=str(path)))
+    ]
+    assert not found, "test modules importing test modules:\n" + "\n".join(found)

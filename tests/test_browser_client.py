@@ -27,8 +27,8 @@ import pytest
 from devtools import npm, ts_client
 
 from prompt_outbox.embedded import free_port
-from tests.test_serve import service, wait_healthy
-from tests.test_webhook import SECRET, Receiver, receiver
+from tests.support.receiver import SECRET, Receiver, receiver
+from tests.support.serve import service, wait_healthy
 
 CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "browser-token"

@@ -10,7 +10,7 @@ import pytest
 
 from prompt_outbox import BulkResult, Entry, Outbox, Status
 from prompt_outbox.api import TokenTable
-from tests.test_overview import error_entry
+from tests.support.entries import error_entry
 
 pytestmark = pytest.mark.cluster_too
 
@@ -66,7 +66,7 @@ async def test_a_session_a_delivery_holds_is_skipped_and_named(outbox: Outbox) -
 
 
 async def test_the_routes_and_who_am_i(outbox: Outbox) -> None:
-    from tests.test_api import ALICE, OPS, serve
+    from tests.support.api import ALICE, OPS, serve
 
     await seed(outbox)
     async for http in serve(outbox):

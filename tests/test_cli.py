@@ -22,8 +22,8 @@ from prompt_outbox.core.keys import session_keys
 from prompt_outbox.embedded import EmbeddedValkey, free_port, running_url
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST
-from tests.test_serve import BIN, service, wait_healthy
-from tests.test_webhook import SECRET, receiver
+from tests.support.receiver import SECRET, receiver
+from tests.support.serve import BIN, service, wait_healthy
 
 WS, SES = "acme", "chat-1"
 

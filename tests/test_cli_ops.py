@@ -23,8 +23,8 @@ from prompt_outbox import Outbox
 from prompt_outbox.api.auth import TokenTable
 from prompt_outbox.cli import main
 from prompt_outbox.embedded import EmbeddedValkey, free_port
-from tests.test_logs import logged_service
-from tests.test_serve import BIN
+from tests.support.logs import logged_service
+from tests.support.serve import BIN
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

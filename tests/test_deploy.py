@@ -37,8 +37,9 @@ from prompt_outbox.embedded import free_port
 from prompt_outbox.outbox import Outbox
 from prompt_outbox.storage.connect import connect
 from tests.replication import halt, wait_until
-from tests.test_serve import wait_healthy
-from tests.test_webhook import SECRET, Receiver, receiver
+from tests.support.receiver import SECRET, Receiver, receiver
+from tests.support.serve import wait_healthy
+from tests.support.tools import tool
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 VENV_BIN = str(Path(sys.executable).parent)
@@ -129,17 +130,6 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path.write_text(json.dumps({"tokens": [{"token": TOKEN, "user": "ops", "admin": True}]}))
     path.chmod(0o600)
     return path
-
-
-def tool(name: str) -> str:
-    """A host tool the test runs; skipped without it here, a failure on CI (``make test``
-    installs it), as the browser test decides."""
-    found = shutil.which(name)
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing on CI (make test installs it)")
-        pytest.skip(f"{name} is not installed (make test installs it)")
-    return found
 
 
 # --- configuration by environment --------------------------------------------------------------

@@ -20,8 +20,8 @@ from prompt_outbox.storage.connect import connect
 from tests.cluster import LocalCluster, key_served_by
 from tests.conftest import FAST
 from tests.replication import ReplicatedPair
-from tests.test_api import ALICE, serve
-from tests.test_serve import BIN
+from tests.support.api import ALICE, serve
+from tests.support.serve import BIN
 
 pytest_plugins = ["tests.replication_fixtures"]
 

@@ -27,7 +27,7 @@ from prompt_outbox.embedded import (
     read_password,
     running_url,
 )
-from tests.test_serve import BIN
+from tests.support.serve import BIN
 
 
 @contextlib.contextmanager

@@ -14,22 +14,9 @@ from prompt_outbox import Entry, Status
 from prompt_outbox.core.entry import EntryDecodeError
 from prompt_outbox.core.timeutil import format_time, parse_time, to_ms
 from prompt_outbox.storage.scripts import prelude
+from tests.support.entries import MODELS
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, 123456, tzinfo=UTC)
-
-MODELS = [
-    "[]",
-    "{}",
-    '{"providerID":"anthropic","modelID":"claude","opts":[]}',
-    # Numbers Lua's cjson would rewrite (1.5e+300, an integer past 2**53), kept as written.
-    # (1e400, once here, is refused now: not finite JSON, validate.check_model.)
-    '{"n":12345678901234567890123,"f":1.10,"e":1.5e300}',
-    '{"deep":{"a":[{"b":[[],{}]}]}}',
-    '{"name":"modèle ✓ 模型 🚀","esc":"\\u00e9\\n"}',
-    '{ "spaced" : [ 1 ,\n 2 ] }',
-    '"just a string"',
-    "42",
-]
 
 
 @pytest.mark.parametrize("model", MODELS)

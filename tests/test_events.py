@@ -4,7 +4,6 @@ and resumable after the last event a reader saw."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 
 import pytest
 import valkey.asyncio as valkey_async
@@ -21,27 +20,9 @@ from prompt_outbox.core.events import (
 from prompt_outbox.core.keys import session_keys
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, ManualClock
+from tests.support.events import ARABIC_INDIC, SES, WS, take
 
 pytestmark = pytest.mark.cluster_too
-
-WS, SES = "ws", "s1"
-
-
-async def take(outbox: Outbox, n: int, last: str | None = None) -> list[QueueEvent | QueueReset]:
-    """The first n non-quiet items of a watch (each poll is short, so an absent event fails)."""
-    out: list[QueueEvent | QueueReset] = []
-    stream: AsyncIterator[QueueEvent | QueueReset | None] = outbox.watch(WS, SES, last, poll=0.05)
-    quiet = 0
-    async for item in stream:
-        if item is None:
-            quiet += 1
-            assert quiet < 40, f"only {len(out)} of {n} events came: {out}"
-            continue
-        out.append(item)
-        if len(out) == n:
-            break
-    await stream.aclose()  # type: ignore[attr-defined]
-    return out
 
 
 def kinds(items: list[QueueEvent | QueueReset]) -> list[str]:
@@ -168,7 +149,6 @@ def test_event_ids_past_64_bits_are_refused(bad: str) -> None:
     assert parse_event_id("18446744073709551615-18446744073709551615") == (2**64 - 1, 2**64 - 1)
 
 
-ARABIC_INDIC = str.maketrans("0123456789", "".join(chr(0x660 + d) for d in range(10)))
 FULLWIDTH = str.maketrans("0123456789", "".join(chr(0xFF10 + d) for d in range(10)))
 
 

@@ -41,9 +41,9 @@ from prompt_outbox.cli.heads import (
 from prompt_outbox.cli.stalls import HeadClock
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 from tests.replication import ReplicatedPair
-from tests.test_api import ALICE, OPS, TOKENS, URL
-from tests.test_serve import BIN, service, wait_healthy
-from tests.test_webhook import SECRET, receiver
+from tests.support.api import ALICE, OPS, TOKENS, URL
+from tests.support.receiver import SECRET, receiver
+from tests.support.serve import BIN, service, wait_healthy
 
 pytest_plugins = ["tests.replication_fixtures"]
 

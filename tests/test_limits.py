@@ -20,7 +20,7 @@ from prompt_outbox.api.health import EntryCounts
 from prompt_outbox.api.limits import AcceptRates
 from prompt_outbox.cli import main
 from prompt_outbox.storage.client import Client
-from tests.test_api import ALICE, TOKENS, URL, samples, serve
+from tests.support.api import ALICE, TOKENS, URL, samples, serve
 
 pytestmark = pytest.mark.cluster_too
 

@@ -29,8 +29,8 @@ from prompt_outbox.storage.feed import LogBegan
 from prompt_outbox.storage.replies import text
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, ManualClock, eventually
-from tests.test_api import ALICE, serve
-from tests.test_quota import everything
+from tests.support.api import ALICE, serve
+from tests.support.entries import everything
 
 pytestmark = pytest.mark.cluster_too
 

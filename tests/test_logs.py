@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,38 +16,13 @@ from click.testing import CliRunner
 from prompt_outbox.cli import main
 from prompt_outbox.cli.logs import ContextFilter, JsonFormatter, TextFormatter
 from prompt_outbox.core.logctx import log_context, log_fields
-from prompt_outbox.embedded import free_port
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.shardsub import ShardSubscriber
 from tests.conftest import eventually, holds
-from tests.test_serve import BIN, wait_healthy
-from tests.test_webhook import SECRET, receiver
+from tests.support.logs import logged_service
+from tests.support.receiver import SECRET, receiver
 
 WS = "acme"
-
-
-@contextmanager
-def logged_service(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
-    """``serve`` with its stderr in ``log``; its port. Stopped by SIGTERM at the end."""
-    port = free_port()
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [BIN, "serve", "--no-auth", "--port", str(port), *args],
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-            stderr=err,
-        )
-    try:
-        wait_healthy(port)
-        yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def records(log: Path) -> list[dict[str, Any]]:

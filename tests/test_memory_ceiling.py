@@ -18,7 +18,7 @@ from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.memory import MemoryCeiling
 from tests.agents import ScriptedAgent
 from tests.conftest import FAST, ManualClock
-from tests.test_api import ALICE, serve
+from tests.support.api import ALICE, serve
 
 pytestmark = pytest.mark.cluster_too
 

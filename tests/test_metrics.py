@@ -5,7 +5,7 @@ from __future__ import annotations
 from prompt_outbox import Outbox, Verdict, ambiguous
 from tests.agents import ScriptedAgent, ScriptedVerifier
 from tests.conftest import FAST, ManualClock
-from tests.test_api import samples
+from tests.support.api import samples
 
 WS, SES = "ws", "s1"
 

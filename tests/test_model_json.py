@@ -14,8 +14,8 @@ import pytest
 from prompt_outbox import Outbox
 from prompt_outbox.core.errors import InvalidInput
 from prompt_outbox.core.validate import check_model
-from tests.test_api import ALICE, URL
-from tests.test_api_events import EVENTS, SpecSse
+from tests.support.api import ALICE, URL
+from tests.support.events import EVENTS, SpecSse
 
 JSON = {**ALICE, "Content-Type": "application/json"}
 

@@ -24,8 +24,8 @@ from prompt_outbox.core.metrics import Metrics
 from prompt_outbox.embedded import free_port
 from prompt_outbox.storage.client import Client
 from tests.conftest import FAST, ManualClock, eventually
-from tests.test_api import samples
-from tests.test_serve import service, wait_healthy
+from tests.support.api import samples
+from tests.support.serve import service, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

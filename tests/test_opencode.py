@@ -265,7 +265,7 @@ def test_serve_delivers_to_opencode_through_the_api(
 ) -> None:
     import httpx
 
-    from tests.test_serve import service, wait_healthy
+    from tests.support.serve import service, wait_healthy
 
     ses = opencode.new_session()
     port = free_port()

@@ -216,7 +216,7 @@ async def test_serve_holds_the_next_prompt_for_a_turn_longer_than_its_timeout(
     --opencode-url ... --opencode-timeout 2`` and two prompts POSTed for one session, A a 6 s
     turn. Before, A's send timed out, was verified delivered, and B went into A's running
     turn; nothing over HTTP could say the session was in turn."""
-    from tests.test_serve import service, wait_healthy
+    from tests.support.serve import service, wait_healthy
 
     ses, port = opencode.new_session(), free_port()
     a, b = f"[sleep 6] A {uuid.uuid4()}", f"B {uuid.uuid4()}"

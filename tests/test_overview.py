@@ -15,17 +15,11 @@ from valkey.asyncio.cluster import ValkeyCluster
 from prompt_outbox import Entry, InvalidInput, Outbox, Turn
 from prompt_outbox.storage.client import Client
 from tests.conftest import FAST, ManualClock
+from tests.support.entries import error_entry
 
 pytestmark = pytest.mark.cluster_too
 
 STATUSES = ("pending", "delivering", "verifying", "error", "parked")
-
-
-def error_entry(entry_id: str) -> str:
-    return (
-        f'{{"id":"{entry_id}","clientMessageID":"{entry_id}","userID":"u","text":"t",'
-        '"acceptedAt":"2026-12-01T00:00:00.000000Z","attempts":5,"status":"error"}'
-    )
 
 
 async def test_pages_walk_every_workspace_once(outbox: Outbox) -> None:
@@ -183,7 +177,7 @@ async def test_a_pages_cost_does_not_grow_with_the_number_of_workspaces(
 
 
 async def test_the_routes_page_and_show_each_token_its_own(outbox: Outbox) -> None:
-    from tests.test_api import ALICE, OPS, serve
+    from tests.support.api import ALICE, OPS, serve
 
     for ws in ("acme", "other", "third"):
         await outbox.accept(ws, "s1", "u", "c1", "hi")

@@ -21,7 +21,7 @@ from prompt_outbox import (
     ambiguous,
 )
 from prompt_outbox.core.callbacks import Wiring
-from prompt_outbox.core.keys import COUNT_TOTAL, SessionKeys, WorkspaceKeys, buckets
+from prompt_outbox.core.keys import COUNT_TOTAL, SessionKeys, WorkspaceKeys
 from prompt_outbox.core.metrics import Metrics
 from prompt_outbox.delivery.engine import Engine
 from prompt_outbox.storage.client import Client
@@ -30,13 +30,13 @@ from prompt_outbox.storage.store import Store
 from tests import tally
 from tests.agents import ScriptedAgent, WorkerDied, dying_agent
 from tests.conftest import FAST, ManualClock
-from tests.test_api import ALICE, serve
+from tests.support.api import ALICE, serve
+from tests.support.entries import everything
 
 pytestmark = pytest.mark.cluster_too
 
 WS = "acme"
 SMALL = replace(FAST, cap=3, workspace_cap=5)
-SHARED = {k for b in buckets() for k in b.script_keys()}
 
 
 async def counted(client: Client, ws: str = WS) -> dict[str, int]:
@@ -56,16 +56,6 @@ async def recounted(client: Client, ws: str = WS) -> dict[str, int]:
     if want:
         want[COUNT_TOTAL] = sum(want.values())
     return want
-
-
-async def everything(client: Client) -> dict[str, bytes]:
-    """Every key but the shared due-index buckets (a cluster marks them around any accept),
-    with its serialised value."""
-    out: dict[str, bytes] = {}
-    async for key in client.scan_iter(count=1000):
-        if text(key) not in SHARED:
-            out[text(key)] = await client.dump(key)  # type: ignore[misc]
-    return out
 
 
 @pytest.fixture

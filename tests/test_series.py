@@ -19,7 +19,7 @@ from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.series import SERIES_SLOTS
 from tests.agents import ScriptedAgent, ScriptedVerifier
 from tests.conftest import FAST, ManualClock
-from tests.test_api import ALICE, URL
+from tests.support.api import ALICE, URL
 
 BOB = {"Authorization": "Bearer bob-token"}  # tests/test_api.py's token of workspace "other"
 

@@ -12,8 +12,8 @@ import httpx
 from prompt_outbox import Outbox
 from prompt_outbox.api import TokenTable
 from prompt_outbox.api.tickets import TICKET_TTL_S, mint
-from tests.test_api import ALICE, TOKENS, URL
-from tests.test_api_events import EVENTS, Sse, data
+from tests.support.api import ALICE, TOKENS, URL
+from tests.support.events import EVENTS, Sse, data
 
 TICKET = "/v1/workspaces/acme/events/ticket"
 

@@ -18,8 +18,8 @@ import httpx
 
 from prompt_outbox.cli.otel import traces_asked
 from prompt_outbox.embedded import EmbeddedValkey, free_port
-from tests.test_serve import BIN, wait_healthy
-from tests.test_webhook import SECRET, receiver
+from tests.support.receiver import SECRET, receiver
+from tests.support.serve import BIN, wait_healthy
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

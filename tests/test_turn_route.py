@@ -29,10 +29,10 @@ from prompt_outbox.webhook import (
     turn_end_headers,
     turn_end_path,
 )
-from tests.test_api import ALICE, TOKENS, serve
-from tests.test_serve import service, wait_healthy
-from tests.test_webhook import SECRET as HOOK_SECRET
-from tests.test_webhook import receiver
+from tests.support.api import ALICE, TOKENS, serve
+from tests.support.receiver import SECRET as HOOK_SECRET
+from tests.support.receiver import receiver
+from tests.support.serve import service, wait_healthy
 
 SECRET = b"hook-secret"
 WS, SES = "acme", "chat-1"

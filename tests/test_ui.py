@@ -40,7 +40,7 @@ from devtools import npm, ui
 
 from prompt_outbox.embedded import free_port
 from prompt_outbox.webhook import turn_end_path
-from tests.test_serve import service, wait_healthy
+from tests.support.serve import service, wait_healthy
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page

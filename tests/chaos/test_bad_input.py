@@ -26,8 +26,8 @@ from prompt_outbox.embedded import free_port
 from tests.agents import ScriptedAgent
 from tests.chaos import report
 from tests.conftest import FAST
-from tests.test_api import ALICE, URL
-from tests.test_serve import service, wait_healthy
+from tests.support.api import ALICE, URL
+from tests.support.serve import service, wait_healthy
 
 OPS = {"Authorization": "Bearer ops-token"}
 

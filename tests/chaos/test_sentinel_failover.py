@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos import report
-from tests.test_sentinel import run_failovers
+from tests.support.failover import run_failovers
 
 
 @pytest.mark.slow

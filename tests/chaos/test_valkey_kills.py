@@ -34,7 +34,7 @@ from tests.chaos.harness import (
 )
 from tests.chaos.history import History
 from tests.chaos.settings import CHAOS_TUNABLES, CHAOS_TUNABLES_JSON
-from tests.test_serve import service, wait_healthy
+from tests.support.serve import service, wait_healthy
 
 REQUEST_BOUND = 15.0  # seconds: no client request may take longer, Valkey down or not
 

@@ -40,8 +40,8 @@ from tests.chaos.harness import (
 from tests.chaos.history import History
 from tests.chaos.settings import CHAOS_TUNABLES, CHAOS_TUNABLES_JSON, TURN_TUNABLES
 from tests.chaos.turn_agent import TurnAgent
-from tests.test_serve import BIN, wait_healthy
-from tests.test_serve import service as service_process
+from tests.support.serve import BIN, wait_healthy
+from tests.support.serve import service as service_process
 
 RUNS = [
     pytest.param(1_000, 50, 10.0, id="short"),

@@ -1,0 +1,28 @@
+"""Waiting in async tests: poll a condition until it holds, or fail after a bound."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def holds(value: bool) -> bool:
+    """Wrap a plain condition for ``eventually``: ``eventually(lambda: holds(x == y))``."""
+    return value
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[T]], within: float = 5.0, interval: float = 0.01
+) -> T:
+    """Poll an async predicate until it is truthy (returns its value); fail after ``within``."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {within}s (last value {value!r})")
+        await asyncio.sleep(interval)
