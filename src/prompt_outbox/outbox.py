@@ -1,6 +1,6 @@
-"""Outbox: the seed's Service, and the one public entry point. Accept, list and watch live
-here; delivery is the engine's (``delivery/``), the operator actions are ``Outbox.admin``
-(``admin.py``)."""
+"""Outbox: the contract's Service (docs/contract.md), and the one public entry point. Accept,
+list and watch live here; delivery is the engine's (``delivery/``), the operator actions are
+``Outbox.admin`` (``admin.py``)."""
 
 from __future__ import annotations
 
