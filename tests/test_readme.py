@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from prompt_outbox.embedded import free_port
+from tests.support.tools import tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,8 +65,7 @@ def test_service_quickstart_runs_accepts_delivers_and_streams(tmp_path: Path) ->
     """examples/quickstart.sh as a newcomer runs it (on free ports instead of 8080 and 9000):
     the token file is read, the stand-in agent gets the prompt, the accept answers 202, the
     event stream opens with the queue, and the queue page is served where the README says."""
-    curl = shutil.which("curl")
-    assert curl, "the quickstart uses curl (apt-get install curl)"
+    tool("curl")  # the quickstart's client
     api, agent = free_port(), free_port()
     script = (ROOT / "examples" / "quickstart.sh").read_text()
     assert script.count("8080") == 4 and script.count("9000") == 2
