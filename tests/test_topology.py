@@ -50,3 +50,15 @@ async def test_an_error_on_one_connection_is_an_answer_not_a_raise(client: Clien
     )
     assert answers[0] is True and answers[2] == b"1"
     assert isinstance(answers[1], ResponseError)
+
+
+async def test_a_connection_to_a_node_and_the_one_address(client: Client, server_kind: str) -> None:
+    topology = topology_of(client)
+    kwargs, _ = topology.connection_settings_at("127.0.0.9", 1)
+    if server_kind == "cluster":
+        assert topology.single_address() is None
+        assert (kwargs["host"], kwargs["port"]) == ("127.0.0.9", 1)
+    else:  # one server: its own address, whatever node was named
+        assert topology.single_address() == f"{kwargs['host']}:{kwargs['port']}"
+    kwargs["host"] = "changed"  # a copy: the client's own settings are left alone
+    assert topology.connection_settings()[0].get("host") != "changed"

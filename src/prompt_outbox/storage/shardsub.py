@@ -30,13 +30,12 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from valkey.asyncio.cluster import ValkeyCluster
 from valkey.asyncio.connection import AbstractConnection, Connection
 from valkey.crc import key_slot
 from valkey.exceptions import MovedError
 
 from .client import Client
-from .client import address as node_address
+from .topology import topology_of
 
 log = logging.getLogger("prompt_outbox.storage")
 
@@ -76,6 +75,7 @@ class ShardSubscriber:
         retry_after: float = 0.5,
     ) -> None:
         self.client = client
+        self.topology = topology_of(client)
         self.on_notice = on_notice
         self.ping_every = ping_every
         self.retry_after = retry_after
@@ -180,19 +180,10 @@ class ShardSubscriber:
 
     def connection(self, address: Address) -> AbstractConnection:
         """A new connection to ``address`` with the client's options (auth, TLS, timeouts)."""
-        kwargs: dict[str, Any]
-        cls: Any
-        if isinstance(self.client, ValkeyCluster):
-            kwargs = dict(self.client.get_connection_kwargs())
-            cls = kwargs.get("connection_class") or Connection
-        else:
-            pool = self.client.connection_pool
-            kwargs, cls = dict(pool.connection_kwargs), pool.connection_class
+        kwargs, cls = self.topology.connection_settings_at(*address)
         for name in _NOT_CONNECTION_KWARGS:
             kwargs.pop(name, None)
-        if isinstance(self.client, ValkeyCluster):
-            kwargs.update(host=address[0], port=address[1])
-        connection: AbstractConnection = cls(**kwargs)
+        connection: AbstractConnection = (cls or Connection)(**kwargs)
         return connection
 
     # -- routing ---------------------------------------------------------------------------
@@ -223,10 +214,10 @@ class ShardSubscriber:
                     self._give(channel, address)
 
     async def _owners(self, channels: list[str]) -> dict[str, Address]:
-        if not isinstance(self.client, ValkeyCluster):
+        name = self.topology.single_address()
+        if name is not None:
             # One node: the address only names the link (in logs). Through Sentinel it is the
             # primary found last: the link's connection asks the sentinels itself.
-            name = node_address(self.client)
             host, _, port = name.rpartition(":")
             here = (host, int(port)) if port.isdigit() else (name, 0)
             return dict.fromkeys(channels, here)
@@ -241,7 +232,6 @@ class ShardSubscriber:
         return out
 
     async def _slot_map(self) -> dict[int, Address]:
-        assert isinstance(self.client, ValkeyCluster)
         ranges: dict[tuple[int, int], dict[str, Any]] = await self.client.execute_command(
             "CLUSTER SLOTS"
         )

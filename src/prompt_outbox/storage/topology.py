@@ -58,6 +58,16 @@ class Topology(ABC):
         at most ``tries`` tags tried)."""
 
     @abstractmethod
+    def connection_settings_at(self, host: str, port: int) -> tuple[dict[str, Any], Any]:
+        """A copy of ``connection_settings`` for a new connection to the node at ``host`` /
+        ``port`` (one server: its own address, which through Sentinel is asked anew)."""
+
+    @abstractmethod
+    def single_address(self) -> str | None:
+        """The one server's ``host:port`` (through Sentinel, the primary found last); None
+        on a cluster, whose nodes are found by slot."""
+
+    @abstractmethod
     def primary_nodes(self) -> list[tuple[Any, str]]:
         """Each primary as (node, name) for ``info_of``; one server: ``[(None, "")]``."""
 
@@ -125,6 +135,15 @@ class Standalone(Topology):
     async def key_per_primary(self, tries: int) -> dict[str, str]:
         """See ``Topology`` (one primary, no call)."""
         return {address(self._client): "outboxprobe:{0}"}
+
+    def connection_settings_at(self, host: str, port: int) -> tuple[dict[str, Any], Any]:
+        """See ``Topology``."""
+        kwargs, kind = self.connection_settings()
+        return dict(kwargs), kind
+
+    def single_address(self) -> str:
+        """See ``Topology``."""
+        return address(self._client)
 
     def primary_nodes(self) -> list[tuple[Any, str]]:
         """See ``Topology``."""
@@ -203,6 +222,15 @@ class Cluster(Topology):
             if primaries <= targets.keys():
                 break
         return targets
+
+    def connection_settings_at(self, host: str, port: int) -> tuple[dict[str, Any], Any]:
+        """See ``Topology``."""
+        kwargs, kind = self.connection_settings()
+        return {**kwargs, "host": host, "port": port}, kind
+
+    def single_address(self) -> None:
+        """See ``Topology``."""
+        return None
 
     def primary_nodes(self) -> list[tuple[Any, str]]:
         """See ``Topology`` (the slot table the client holds)."""
