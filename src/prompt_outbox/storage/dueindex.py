@@ -30,16 +30,15 @@ whole argument.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from valkey.asyncio.cluster import ValkeyCluster
 from valkey.commands.core import AsyncScript
 
 from ..core.keys import LEGACY_WORKSPACES, WorkspaceKeys, buckets
 from .replies import Compared, Ok, parse, text
+from .topology import topology_of
 
 MarkKind = Literal["before", "after", "alone"]
 """mark.lua's ARGV[3]: before a transition, after it, or for a change already in place."""
@@ -86,6 +85,7 @@ class DueIndex:
 
     def __init__(self, client: Any, scripts: dict[str, AsyncScript]) -> None:
         self.client = client
+        self.topology = topology_of(client)
         self._scripts = scripts
 
     # -- writers ---------------------------------------------------------------------------
@@ -163,7 +163,7 @@ class DueIndex:
                 pipe.zscore(b.due, ws)
             pipe.hget(b.registry, ws)
         answers: list[Any] = []
-        if isinstance(self.client, ValkeyCluster):
+        if self.topology.cluster:  # a cluster's pipeline spans nodes: no order between them
             answers = await pipe.execute(raise_on_error=True)
             pipe = self.client.pipeline(transaction=False)
         for ws, _ in due:
@@ -208,13 +208,7 @@ class DueIndex:
                 grace_ms,
             ]
             calls.append((WorkspaceKeys(mark.ws).bucket.script_keys(), args))
-        if isinstance(self.client, ValkeyCluster):
-            replies = await asyncio.gather(*(script(keys=k, args=a) for k, a in calls))
-        else:
-            pipe = self.client.pipeline(transaction=False)
-            for k, a in calls:
-                await script(keys=k, args=a, client=pipe)
-            replies = await pipe.execute(raise_on_error=True)
+        replies = await self.topology.run_each(script, calls)
         return [parse(Compared, reply)[0] is Compared.OK for reply in replies]
 
     async def remark(self, w: WorkspaceKeys) -> bool:

@@ -5,19 +5,22 @@ check) and the result is passed on; a module that takes a ``Topology`` does not 
 ``isinstance(client, ValkeyCluster)`` again. Each operation makes the same Valkey calls, in
 the same order, as the code it replaced (tests/test_round_trips.py counts them).
 
-Modules moved onto it so far: durability.py and waitaof.py. The others (store.py,
-dueindex.py, shardsub.py, memory.py) still ask the client themselves: docs/architecture.md,
-"Standalone or cluster", lists what is left.
+Every storage module that differs by kind takes it: store.py, dueindex.py, memory.py,
+shardsub.py, durability.py, waitaof.py. Classes built from a client by callers outside
+storage (``ShardSubscriber``, ``MemoryCeiling``) call ``topology_of`` once, in their
+constructor.
 """
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from valkey.asyncio import Valkey
 from valkey.asyncio.cluster import ValkeyCluster
+from valkey.commands.core import AsyncScript
 from valkey.typing import ScriptTextT
 
 from .autopipe import AutoPipeline
@@ -56,6 +59,13 @@ class Topology(ABC):
     async def key_per_primary(self, tries: int) -> dict[str, str]:
         """A key in the slots of each primary: its address -> the key (``outboxprobe:{n}``,
         at most ``tries`` tags tried)."""
+
+    @abstractmethod
+    async def run_each(
+        self, script: AsyncScript, calls: list[tuple[list[str], list[str | int]]]
+    ) -> list[Any]:
+        """``script`` once per (keys, args) of ``calls``; the replies in order (an error
+        raises)."""
 
     @abstractmethod
     def connection_settings_at(self, host: str, port: int) -> tuple[dict[str, Any], Any]:
@@ -135,6 +145,15 @@ class Standalone(Topology):
     async def key_per_primary(self, tries: int) -> dict[str, str]:
         """See ``Topology`` (one primary, no call)."""
         return {address(self._client): "outboxprobe:{0}"}
+
+    async def run_each(
+        self, script: AsyncScript, calls: list[tuple[list[str], list[str | int]]]
+    ) -> list[Any]:
+        """See ``Topology`` (one pipeline)."""
+        pipe = self._client.pipeline(transaction=False)
+        for keys, args in calls:
+            await script(keys=keys, args=args, client=pipe)
+        return list(await pipe.execute(raise_on_error=True))
 
     def connection_settings_at(self, host: str, port: int) -> tuple[dict[str, Any], Any]:
         """See ``Topology``."""
@@ -222,6 +241,12 @@ class Cluster(Topology):
             if primaries <= targets.keys():
                 break
         return targets
+
+    async def run_each(
+        self, script: AsyncScript, calls: list[tuple[list[str], list[str | int]]]
+    ) -> list[Any]:
+        """See ``Topology`` (concurrent calls: the cluster refuses scripts in a pipeline)."""
+        return list(await asyncio.gather(*(script(keys=k, args=a) for k, a in calls)))
 
     def connection_settings_at(self, host: str, port: int) -> tuple[dict[str, Any], Any]:
         """See ``Topology``."""
