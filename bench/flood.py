@@ -321,7 +321,7 @@ def give_verdict(report: Report, results: Path | None) -> None:
         bar=f"serve's peak RSS <= {BAR}x its idle RSS",
         ours=f"{report.ratio(worst):.2f}x (+{(worst.peak_kb - report.idle_kb) / 1024:.0f} MB, "
         f"{worst.kind})",
-        peers="before issue 22: 100 MB body 64 -> 371 MB; 300 MB accept 679 MB",
+        peers="before the request bounds: 100 MB body 64 -> 371 MB; 300 MB accept 679 MB",
         met=report.ratio(worst) <= BAR,
         note=f"{report.requests} requests of {report.megabytes} MB per kind, "
         f"{report.connections} at once",
