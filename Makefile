@@ -20,17 +20,24 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# $(call apt_install,PACKAGES,WHAT FOR): Debian packages a test needs from the host. As root
+# with apt-get, installed; otherwise one line saying how, and make goes on: those tests skip here
+# and fail on CI (tests/support/tools.py), where every test must run.
+define apt_install
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's $(1) for $(2) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null; \
+	else \
+	  echo "missing for $(2): sudo apt-get install $(1) (skipped until then; a failure on CI)"; \
+	fi
+endef
+
 # The browser test (tests/test_browser_client.py) drives Debian's Chromium with Playwright, which
-# never downloads a browser here: install it once where it is missing (as root, with apt-get).
+# never downloads a browser here: install it once where it is missing (apt_install above).
 CHROMIUM := /usr/bin/chromium
 
 $(CHROMIUM):
-	@if command -v apt-get >/dev/null; then \
-	  echo "installing Debian's chromium for the browser test ..."; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	else \
-	  echo "no apt-get: install Chromium at $(CHROMIUM) for tests/test_browser_client.py"; \
-	fi
+	$(call apt_install,chromium,the browser tests)
 
 # tests/test_deploy.py runs the compose file's valkey-cli commands with Debian's redis-cli (the
 # bundled Valkey has no cli) and checks the systemd units with systemd-analyze: install them
@@ -39,20 +46,10 @@ REDIS_CLI := /usr/bin/redis-cli
 SYSTEMD_ANALYZE := /usr/bin/systemd-analyze
 
 $(REDIS_CLI):
-	@if command -v apt-get >/dev/null; then \
-	  echo "installing Debian's redis-tools for the deploy test ..."; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-tools >/dev/null; \
-	else \
-	  echo "no apt-get: install redis-cli at $(REDIS_CLI) for tests/test_deploy.py"; \
-	fi
+	$(call apt_install,redis-tools,the deploy test)
 
 $(SYSTEMD_ANALYZE):
-	@if command -v apt-get >/dev/null; then \
-	  echo "installing Debian's systemd (for systemd-analyze) for the deploy test ..."; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; \
-	else \
-	  echo "no apt-get: install systemd-analyze at $(SYSTEMD_ANALYZE) for tests/test_deploy.py"; \
-	fi
+	$(call apt_install,systemd,the deploy test)
 
 DEPLOY_TOOLS := $(REDIS_CLI) $(SYSTEMD_ANALYZE)
 
@@ -61,12 +58,7 @@ DEPLOY_TOOLS := $(REDIS_CLI) $(SYSTEMD_ANALYZE)
 REDIS_SERVER := /usr/bin/redis-server
 
 $(REDIS_SERVER):
-	@if command -v apt-get >/dev/null; then \
-	  echo "installing Debian's redis-server and openssl for the TLS test ..."; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server openssl >/dev/null; \
-	else \
-	  echo "no apt-get: install redis-server at $(REDIS_SERVER) for tests/test_tls.py"; \
-	fi
+	$(call apt_install,redis-server openssl,the TLS test)
 
 test: lint $(CHROMIUM) $(DEPLOY_TOOLS) $(REDIS_SERVER)
 	$(BIN)/pytest -q

@@ -15,7 +15,6 @@ fails instead."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from devtools import npm, ts_client
 from prompt_outbox.embedded import free_port
 from tests.support.receiver import SECRET, Receiver, receiver
 from tests.support.serve import service, wait_healthy
+from tests.support.tools import unavailable
 
 CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "browser-token"
@@ -52,24 +52,18 @@ PAGE = f"""<!doctype html>
 """
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        raise RuntimeError(f"{reason} (on CI the browser test must run)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def bundle() -> bytes:
     if not CHROMIUM.exists():
-        _unavailable(f"no Chromium at {CHROMIUM} (make test installs Debian's chromium)")
+        unavailable(f"no Chromium at {CHROMIUM} (make test installs Debian's chromium)")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        _unavailable("playwright is not installed (pip install -e '.[test]')")
+        unavailable("playwright is not installed (pip install -e '.[test]')")
     try:
         ts_client.ensure_built()
     except npm.NpmUnavailable as exc:
-        _unavailable(str(exc))
+        unavailable(str(exc))
     return ts_client.BUNDLE.read_bytes()
 
 

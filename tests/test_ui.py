@@ -41,6 +41,7 @@ from devtools import npm, ui
 from prompt_outbox.embedded import free_port
 from prompt_outbox.webhook import turn_end_path
 from tests.support.serve import service, wait_healthy
+from tests.support.tools import unavailable
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -60,12 +61,6 @@ CSP = (
 )
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        raise RuntimeError(f"{reason} (on CI the queue page must be tested)")
-    pytest.skip(reason)
-
-
 # ---------------------------------------------------------------- the bundle and its serving
 
 
@@ -73,7 +68,7 @@ def test_the_committed_bundle_is_what_the_sources_build(tmp_path: Path) -> None:
     try:
         ui.build(tmp_path)
     except npm.NpmUnavailable as exc:
-        _unavailable(str(exc))
+        unavailable(str(exc))
     for name in ui.FILES:
         built, committed = (tmp_path / name).read_bytes(), (ui.STATIC / name).read_bytes()
         assert built == committed, (
@@ -242,11 +237,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Agent
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
-        _unavailable(f"no Chromium at {CHROMIUM} (make test installs Debian's chromium)")
+        unavailable(f"no Chromium at {CHROMIUM} (make test installs Debian's chromium)")
     try:
         from playwright.sync_api import expect, sync_playwright
     except ImportError:
-        _unavailable("playwright is not installed (pip install -e '.[test]')")
+        unavailable("playwright is not installed (pip install -e '.[test]')")
     expect.set_options(timeout=10_000)
     with sync_playwright() as p:
         launched = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])

@@ -1,5 +1,5 @@
-"""Serve and a worker through Sentinel failovers on real redis-server processes (short form in
-tests/test_sentinel.py, long form under make chaos)."""
+"""Serve and a worker through Sentinel failovers (tests/sentinel.py: the bundled binary): the
+short form in tests/test_sentinel.py, the long form under ``make chaos``."""
 
 from __future__ import annotations
 

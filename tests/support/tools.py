@@ -1,20 +1,26 @@
-"""Host tools a test needs (chromium, redis-server, node, openssl, ...): ``make test`` installs
-them; without one a test is skipped here and fails on CI."""
+"""What a test needs from the host (Chromium, redis-server, systemd-analyze, openssl, node and
+npm, playwright): ``make test`` installs it. Without it a test is skipped here, with the reason,
+and fails on CI (``CI`` set), where every test must run. One helper decides that, for all."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from typing import NoReturn
 
 import pytest
 
 
+def unavailable(reason: str) -> NoReturn:
+    """Something the test needs is missing: a failure on CI, a skip with ``reason`` elsewhere."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (on CI every test must run: make test installs it)")
+    pytest.skip(reason)
+
+
 def tool(name: str) -> str:
-    """A host tool the test runs; skipped without it here, a failure on CI (``make test``
-    installs it), as the browser test decides."""
+    """The path of host tool ``name`` on PATH, or :func:`unavailable`."""
     found = shutil.which(name)
     if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing on CI (make test installs it)")
-        pytest.skip(f"{name} is not installed (make test installs it)")
+        unavailable(f"{name} is not installed (make test installs it)")
     return found
