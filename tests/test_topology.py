@@ -3,9 +3,13 @@ names (every primary, the node that owns a key) on both kinds of server."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from valkey.exceptions import ResponseError
 
+from prompt_outbox.storage import topology as topology_module
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.topology import Cluster, Standalone, topology_of
 
@@ -62,3 +66,16 @@ async def test_a_connection_to_a_node_and_the_one_address(client: Client, server
         assert topology.single_address() == f"{kwargs['host']}:{kwargs['port']}"
     kwargs["host"] = "changed"  # a copy: the client's own settings are left alone
     assert topology.connection_settings()[0].get("host") != "changed"
+
+
+def test_only_topology_asks_which_kind_of_client() -> None:
+    # The rest of storage takes the Topology: a new isinstance(..., ValkeyCluster) elsewhere
+    # would decide the kind a second time.
+    storage = Path(topology_module.__file__).parent
+    asking = [
+        path.name
+        for path in sorted(storage.glob("*.py"))
+        if path.name != "topology.py"
+        and re.search(r"isinstance\([^)]*ValkeyCluster", path.read_text())
+    ]
+    assert asking == []

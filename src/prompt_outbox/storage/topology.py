@@ -1,14 +1,14 @@
 """Standalone server or Valkey Cluster, decided once: the operations that differ between them.
 
-``topology_of(client)`` is called where the client is known (the Store, the durability
-check) and the result is passed on; a module that takes a ``Topology`` does not ask
-``isinstance(client, ValkeyCluster)`` again. Each operation makes the same Valkey calls, in
-the same order, as the code it replaced (tests/test_round_trips.py counts them).
+``topology_of(client)`` is the one place storage asks which kind of client it has; what it
+returns is passed on, and a module holding it does not ask ``isinstance(client,
+ValkeyCluster)`` again (tests/test_topology.py keeps it so). Each operation makes the same
+Valkey calls, in the same order, as the code it replaced (tests/test_round_trips.py counts
+them).
 
-Every storage module that differs by kind takes it: store.py, dueindex.py, memory.py,
-shardsub.py, durability.py, waitaof.py. Classes built from a client by callers outside
-storage (``ShardSubscriber``, ``MemoryCeiling``) call ``topology_of`` once, in their
-constructor.
+Who builds it: the Store, once, and hands it to ``waitaof.confirm``; the classes built from a
+client (``DueIndex``, ``MemoryCeiling``, ``ShardSubscriber``: the last two by callers outside
+storage too) once in their constructor; durability.py's entry points once per check.
 """
 
 from __future__ import annotations
