@@ -262,7 +262,7 @@ class DueIndex:
         Best effort, as pub/sub is: a loop resubscribing at that moment misses it."""
         channel, message = WorkspaceKeys(ws).bucket.wake, abort_message(ws, ses, entry_id)
         # execute_command: valkey-py 6.2's cluster client has no spublish(), but routes the
-        # command by its channel.
+        # command by its channel (listed in storage/compat.py; tests/test_compat.py pins it).
         await self.client.execute_command("SPUBLISH", channel, message)
 
     async def migrate_legacy_registry(self, now_ms: int) -> int:
