@@ -37,6 +37,7 @@ from prompt_outbox.outbox import Outbox
 from prompt_outbox.storage.compat import valkey_server_binary
 from prompt_outbox.storage.connect import connect
 from tests.replication import halt, wait_until
+from tests.support.processes import process_group
 from tests.support.receiver import SECRET, Receiver, receiver
 from tests.support.serve import wait_healthy
 from tests.support.tools import tool
@@ -59,14 +60,8 @@ def running(
     image's PATH leads to its venv: here, to ``bin_dir`` (ours unless said)."""
     path = bin_dir + os.pathsep + os.environ["PATH"]
     env = {"HOME": str(log.parent), **env, "PATH": path}
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, start_new_session=True)
-    try:
+    with log.open("ab") as out, process_group(argv, env, stdout=out, stderr=out) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def stop(proc: subprocess.Popen[bytes], log: Path) -> None:

@@ -4,7 +4,6 @@ short form in tests/test_sentinel.py, the long form under ``make chaos``."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -18,6 +17,7 @@ import httpx
 
 from prompt_outbox.embedded import free_port
 from tests.sentinel import SentinelGroup
+from tests.support.processes import process_group
 from tests.support.receiver import SECRET, receiver
 from tests.support.serve import BIN, wait_healthy
 
@@ -26,20 +26,12 @@ ACCEPT_BOUND = 15.0  # seconds: durability_timeout 2 s plus a connect; a hang fa
 
 @contextmanager
 def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [BIN, *args],
-            env={**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()},
-            start_new_session=True,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    env = {**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}
+    with (
+        log.open("ab") as out,
+        process_group([BIN, *args], env, stdout=out, stderr=subprocess.STDOUT) as proc,
+    ):
         yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @dataclass

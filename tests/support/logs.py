@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from prompt_outbox.embedded import free_port
+from tests.support.processes import process_group
 from tests.support.serve import BIN, wait_healthy
 
 
@@ -17,21 +17,14 @@ from tests.support.serve import BIN, wait_healthy
 def logged_service(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
     """``serve`` with its stderr in ``log``; its port. Stopped by SIGTERM at the end."""
     port = free_port()
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [BIN, "serve", "--no-auth", "--port", str(port), *args],
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-            stderr=err,
-        )
-    try:
-        wait_healthy(port)
-        yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    argv = [BIN, "serve", "--no-auth", "--port", str(port), *args]
+    with (
+        log.open("wb") as err,
+        process_group(argv, {**os.environ, **(env or {})}, stderr=err) as proc,
+    ):
         try:
-            proc.wait(timeout=30)
+            wait_healthy(port)
+            yield port
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)  # past it, the group is killed on the way out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.processes import process_group
 from tests.support.receiver import Receiver
 
 BIN = str(Path(sys.executable).parent / "prompt-outbox")
@@ -22,18 +22,10 @@ BIN = str(Path(sys.executable).parent / "prompt-outbox")
 def service(
     args: list[str], env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(
-        [BIN, "serve", *args],
-        env={**os.environ, **(env or {})},
-        start_new_session=True,  # its own process group: the service and its embedded Valkey
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    # Its own process group: the service and its embedded Valkey.
+    env = {**os.environ, **(env or {})}
+    with process_group([BIN, "serve", *args], env, stderr=subprocess.DEVNULL) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def wait_healthy(port: int) -> None:
