@@ -5,14 +5,13 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 from valkey.asyncio.cluster import ValkeyCluster
 
-from prompt_outbox import Outbox, Tunables
+from prompt_outbox import Outbox
 from prompt_outbox.embedded import EmbeddedValkey, answers_ping, free_port
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.compat import valkey_server_binary
@@ -20,39 +19,8 @@ from prompt_outbox.storage.connect import connect
 from tests.cluster import LocalCluster
 from tests.opencode_server import fake_model, opencode  # noqa: F401  (module-scoped fixtures)
 from tests.support.api import serve
-from tests.support.waiting import eventually as eventually  # re-exported: tests import it here
-from tests.support.waiting import holds as holds  # re-exported, as eventually
-
-# Small timings, so the seed's behaviour shows in seconds rather than minutes.
-FAST = Tunables(
-    max_attempts=3,
-    cap=25,
-    dedupe_ttl=60.0,
-    delivery_timeout=2.0,
-    retry_backoff=0.05,
-    max_backoff=0.2,
-    verify_delay=0.05,
-    verify_backoff=0.05,
-    max_verify_backoff=0.2,
-    max_verify_attempts=3,
-    max_transient_failures=3,
-    parked_sweep_interval=0.3,
-    lease_ttl=1.0,
-    bookkeeping_timeout=2.0,
-)
-
-
-class ManualClock:
-    """A clock the test moves: due times and backoff become exact, not slept for."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
+from tests.support.clock import ManualClock
+from tests.support.tunables import FAST
 
 
 @pytest.fixture(scope="session")

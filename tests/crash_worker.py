@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prompt_outbox import Entry, Outbox
 from prompt_outbox.storage.connect import connect
-from tests.conftest import FAST
+from tests.support.tunables import FAST
 
 
 async def main(url: str, agent_dir: Path, hang: bool) -> None:

@@ -23,8 +23,8 @@ from prompt_outbox import (
     TextTooLarge,
 )
 from prompt_outbox.core.keys import SessionKeys
-from tests.conftest import FAST
 from tests.support.entries import MODELS
+from tests.support.tunables import FAST
 
 pytestmark = pytest.mark.cluster_too
 

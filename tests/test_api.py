@@ -17,8 +17,8 @@ from prompt_outbox.cli import main
 from prompt_outbox.core.keys import FORMAT_KEY
 from prompt_outbox.embedded import free_port
 from tests.agents import ScriptedAgent
-from tests.conftest import FAST
 from tests.support.api import ALICE, JSON_BODY, OPS, TOKENS, URL, samples, serve
+from tests.support.tunables import FAST
 
 
 async def test_accept_list_and_duplicate(http: httpx.AsyncClient, outbox: Outbox) -> None:

@@ -20,9 +20,10 @@ from prompt_outbox.api.sse import Item, event_stream, format_item, message
 from prompt_outbox.core.events import QueueReset
 from prompt_outbox.storage.client import Client
 from tests.agents import ScriptedAgent
-from tests.conftest import FAST, eventually
 from tests.support.api import ALICE, URL, serve
 from tests.support.events import ARABIC_INDIC, EVENTS, RAW_MODEL, SpecSse, Sse, data
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually
 
 JSON_TYPE = "application/json"
 

@@ -60,8 +60,9 @@ def test_no_module_is_over_the_size_one_reader_holds() -> None:
 TESTS = Path(__file__).resolve().parent
 
 
-def _test_modules_imported(tree: ast.Module) -> list[tuple[int, str]]:
-    """The ``tests.test_*`` modules one test file imports, however spelled."""
+def _imported(tree: ast.Module) -> list[tuple[int, str]]:
+    """Every dotted name one file imports, with the names it imports from a module appended
+    (``from tests import conftest`` yields ``tests`` and ``tests.conftest``)."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -71,8 +72,13 @@ def _test_modules_imported(tree: ast.Module) -> list[tuple[int, str]]:
             names = [base] + [f"{base}.{a.name}".lstrip(".") for a in node.names]
         else:
             continue
-        found += [(node.lineno, n) for n in names if n.split(".")[-1].startswith("test_")]
+        found += [(node.lineno, n) for n in names]
     return found
+
+
+def _test_modules_imported(tree: ast.Module) -> list[tuple[int, str]]:
+    """The ``tests.test_*`` modules one test file imports, however spelled."""
+    return [(line, n) for line, n in _imported(tree) if n.split(".")[-1].startswith("test_")]
 
 
 def test_no_test_module_imports_another() -> None:
@@ -86,3 +92,15 @@ def test_no_test_module_imports_another() -> None:
         for line, name in _test_modules_imported(ast.parse(path.read_text(), filename=str(path)))
     ]
     assert not found, "test modules importing test modules:\n" + "\n".join(found)
+
+
+def test_nothing_imports_from_conftest() -> None:
+    # conftest.py holds fixtures and hooks, as pytest advises; what tests share as code (FAST,
+    # ManualClock, eventually) lives in tests/support, which conftest itself imports.
+    found = [
+        f"{path.relative_to(TESTS)}:{line} imports {name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for line, name in _imported(ast.parse(path.read_text(), filename=str(path)))
+        if name.split(".")[-1] == "conftest"
+    ]
+    assert not found, "modules importing conftest:\n" + "\n".join(found)

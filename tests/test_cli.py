@@ -21,9 +21,9 @@ from prompt_outbox.cli import main
 from prompt_outbox.core.keys import session_keys
 from prompt_outbox.embedded import EmbeddedValkey, free_port, running_url
 from tests.agents import ScriptedAgent
-from tests.conftest import FAST
 from tests.support.receiver import SECRET, receiver
 from tests.support.serve import BIN, service, wait_healthy
+from tests.support.tunables import FAST
 
 WS, SES = "acme", "chat-1"
 

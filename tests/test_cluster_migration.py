@@ -17,7 +17,8 @@ from prompt_outbox.storage.connect import connect
 from prompt_outbox.storage.store import TRANSIENT_ERRORS
 from tests.agents import HookLog
 from tests.cluster import LocalCluster, migrate_slot, owner_of
-from tests.conftest import FAST, eventually, holds
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 WS = "moving"
 SESSIONS = 6

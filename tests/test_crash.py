@@ -17,7 +17,8 @@ from prompt_outbox import Entry, Outbox, Status, Verdict
 from prompt_outbox.core.keys import SessionKeys
 from prompt_outbox.embedded import EmbeddedValkey
 from tests.agents import HookLog, ScriptedAgent
-from tests.conftest import FAST, eventually, holds
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

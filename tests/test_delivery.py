@@ -22,7 +22,9 @@ from prompt_outbox.core.keys import session_keys
 from prompt_outbox.storage.replies import Acquire, Claim, Lock, Replace, ReplyError, parse
 from prompt_outbox.storage.store import Store, notice_member
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied
-from tests.conftest import FAST, ManualClock, eventually, holds
+from tests.support.clock import ManualClock
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

@@ -22,7 +22,8 @@ from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.dueindex import Mark
 from prompt_outbox.storage.store import Store
 from tests.agents import ScriptedAgent
-from tests.conftest import FAST, eventually, holds
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

@@ -18,10 +18,10 @@ from prompt_outbox.durability import DurabilityError
 from prompt_outbox.embedded import EmbeddedValkey
 from prompt_outbox.storage.connect import connect
 from tests.cluster import LocalCluster, key_served_by
-from tests.conftest import FAST
 from tests.replication import ReplicatedPair
 from tests.support.api import ALICE, serve
 from tests.support.serve import BIN
+from tests.support.tunables import FAST
 
 pytest_plugins = ["tests.replication_fixtures"]
 

@@ -9,7 +9,7 @@ import valkey.asyncio as valkey_async
 from prompt_outbox import Duplicate, EditResult, Entry, InvalidInput, Outbox, Status
 from prompt_outbox.core.keys import SessionKeys, session_keys
 from prompt_outbox.storage.store import Store
-from tests.conftest import eventually, holds
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

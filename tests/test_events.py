@@ -19,8 +19,9 @@ from prompt_outbox.core.events import (
 )
 from prompt_outbox.core.keys import session_keys
 from tests.agents import ScriptedAgent
-from tests.conftest import FAST, ManualClock
+from tests.support.clock import ManualClock
 from tests.support.events import ARABIC_INDIC, SES, WS, take
+from tests.support.tunables import FAST
 
 pytestmark = pytest.mark.cluster_too
 

@@ -33,9 +33,10 @@ from prompt_outbox.storage.feed import (
 )
 from prompt_outbox.storage.store import TRANSIENT_ERRORS, Store
 from tests.cluster import LocalCluster, migrate_slot, owner_of
-from tests.conftest import FAST, eventually, holds
 from tests.support.events import take
 from tests.support.pubsub import kill_subscriptions, masters
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

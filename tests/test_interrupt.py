@@ -14,7 +14,8 @@ from prompt_outbox import Duplicate, Entry, Outbox
 from prompt_outbox.core.keys import SessionKeys
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.dueindex import abort_message, parse_abort
-from tests.conftest import FAST, eventually, holds
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

@@ -22,7 +22,7 @@ from prompt_outbox.core.keys import session_keys
 from prompt_outbox.core.timeutil import to_ms, utcnow
 from prompt_outbox.delivery.lease import Kept, new_lock_value
 from prompt_outbox.storage.store import Store
-from tests.conftest import eventually
+from tests.support.waiting import eventually
 
 LEASE_MS = 30_000
 EVERY = 0.005

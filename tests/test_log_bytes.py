@@ -28,9 +28,11 @@ from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.feed import LogBegan
 from prompt_outbox.storage.replies import text
 from tests.agents import ScriptedAgent
-from tests.conftest import FAST, ManualClock, eventually
 from tests.support.api import ALICE, serve
+from tests.support.clock import ManualClock
 from tests.support.entries import everything
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.cluster_too
 

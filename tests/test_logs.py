@@ -18,9 +18,9 @@ from prompt_outbox.cli.logs import ContextFilter, JsonFormatter, TextFormatter
 from prompt_outbox.core.logctx import log_context, log_fields
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.shardsub import ShardSubscriber
-from tests.conftest import eventually, holds
 from tests.support.logs import logged_service
 from tests.support.receiver import SECRET, receiver
+from tests.support.waiting import eventually, holds
 
 WS = "acme"
 

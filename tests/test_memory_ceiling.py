@@ -17,8 +17,9 @@ from prompt_outbox.core.keys import SessionKeys
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.memory import MemoryCeiling
 from tests.agents import ScriptedAgent
-from tests.conftest import FAST, ManualClock
 from tests.support.api import ALICE, serve
+from tests.support.clock import ManualClock
+from tests.support.tunables import FAST
 
 pytestmark = pytest.mark.cluster_too
 

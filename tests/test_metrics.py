@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from prompt_outbox import Outbox, Verdict, ambiguous
 from tests.agents import ScriptedAgent, ScriptedVerifier
-from tests.conftest import FAST, ManualClock
 from tests.support.api import samples
+from tests.support.clock import ManualClock
+from tests.support.tunables import FAST
 
 WS, SES = "ws", "s1"
 

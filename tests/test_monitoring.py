@@ -23,9 +23,11 @@ from prompt_outbox.core.keys import WorkspaceKeys
 from prompt_outbox.core.metrics import Metrics
 from prompt_outbox.embedded import free_port
 from prompt_outbox.storage.client import Client
-from tests.conftest import FAST, ManualClock, eventually
 from tests.support.api import samples
+from tests.support.clock import ManualClock
 from tests.support.serve import service, wait_healthy
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

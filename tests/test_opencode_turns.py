@@ -33,9 +33,10 @@ from prompt_outbox.deliver.opencode import message_id
 from prompt_outbox.deliver.opencode_events import TurnStreams
 from prompt_outbox.deliver.sse_events import SSEParser, session_change
 from prompt_outbox.embedded import free_port
-from tests.conftest import FAST, eventually, holds
 from tests.fake_model import FakeModel
 from tests.opencode_server import OpencodeServer
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 from tests.tcp_proxy import tcp_proxy
 
 WS = "ws"

@@ -28,7 +28,9 @@ from prompt_outbox import (
 from prompt_outbox.core.keys import SessionKeys
 from prompt_outbox.storage.client import Client
 from tests.agents import HookLog, ScriptedAgent, ScriptedVerifier, WorkerDied, dying_agent
-from tests.conftest import FAST, ManualClock, eventually
+from tests.support.clock import ManualClock
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.cluster_too
 

@@ -14,8 +14,9 @@ from valkey.asyncio.cluster import ValkeyCluster
 
 from prompt_outbox import Entry, InvalidInput, Outbox, Turn
 from prompt_outbox.storage.client import Client
-from tests.conftest import FAST, ManualClock
+from tests.support.clock import ManualClock
 from tests.support.entries import error_entry
+from tests.support.tunables import FAST
 
 pytestmark = pytest.mark.cluster_too
 

@@ -29,9 +29,10 @@ from prompt_outbox.storage.replies import text
 from prompt_outbox.storage.store import Store
 from tests import tally
 from tests.agents import ScriptedAgent, WorkerDied, dying_agent
-from tests.conftest import FAST, ManualClock
 from tests.support.api import ALICE, serve
+from tests.support.clock import ManualClock
 from tests.support.entries import everything
+from tests.support.tunables import FAST
 
 pytestmark = pytest.mark.cluster_too
 

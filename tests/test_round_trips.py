@@ -14,7 +14,8 @@ from bench.roundtrips import Counting, raw_rate, run_backlog
 
 from prompt_outbox import Entry, Outbox
 from prompt_outbox.embedded import EmbeddedValkey
-from tests.conftest import FAST, eventually, holds
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 PROMPTS = 50
 # Not per prompt: the run loop's start (recovery pass, subscriptions, the first due-index

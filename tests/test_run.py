@@ -22,7 +22,8 @@ from prompt_outbox import (
 from prompt_outbox.core.keys import WorkspaceKeys
 from prompt_outbox.storage.client import Client
 from tests.agents import HookLog, ScriptedAgent, WorkerDied
-from tests.conftest import FAST, eventually, holds
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

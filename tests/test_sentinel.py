@@ -22,7 +22,6 @@ from prompt_outbox.storage.sentinel import (
     parse_sentinel_url,
 )
 from prompt_outbox.storage.shardsub import ShardSubscriber
-from tests.conftest import eventually, holds
 from tests.replication import node_client
 from tests.sentinel import SentinelGroup
 from tests.support.failover import (
@@ -30,6 +29,7 @@ from tests.support.failover import (
 )
 from tests.support.pubsub import Heard, spublish
 from tests.support.serve import BIN
+from tests.support.waiting import eventually, holds
 
 
 def test_serve_and_worker_follow_a_sentinel_failover(tmp_path: Path) -> None:

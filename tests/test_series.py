@@ -18,8 +18,9 @@ from prompt_outbox.overview import SeriesPoint
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.series import SERIES_SLOTS
 from tests.agents import ScriptedAgent, ScriptedVerifier
-from tests.conftest import FAST, ManualClock
 from tests.support.api import ALICE, URL
+from tests.support.clock import ManualClock
+from tests.support.tunables import FAST
 
 BOB = {"Authorization": "Bearer bob-token"}  # tests/test_api.py's token of workspace "other"
 

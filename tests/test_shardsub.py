@@ -9,8 +9,8 @@ import pytest
 
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.shardsub import ShardSubscriber
-from tests.conftest import eventually, holds
 from tests.support.pubsub import Heard, kill_subscriptions, masters, spublish
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

@@ -17,7 +17,8 @@ from prompt_outbox import Entry, Outbox
 from prompt_outbox.core.errors import StorageFormatError
 from prompt_outbox.core.keys import FORMAT_KEY, STORAGE_FORMAT
 from prompt_outbox.storage.client import Client
-from tests.conftest import FAST, eventually, holds
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

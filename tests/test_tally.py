@@ -20,7 +20,8 @@ from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.store import Store
 from tests import tally
 from tests.agents import ScriptedAgent
-from tests.conftest import FAST, ManualClock
+from tests.support.clock import ManualClock
+from tests.support.tunables import FAST
 
 pytestmark = pytest.mark.cluster_too
 

@@ -20,11 +20,11 @@ import valkey
 from prompt_outbox.embedded import free_port
 from prompt_outbox.storage.connect import TLSFiles, connect
 from prompt_outbox.storage.durability import durability_problems
-from tests.conftest import eventually
 from tests.support.failover import process
 from tests.support.receiver import receiver
 from tests.support.serve import BIN, post_five, wait_delivered_in_order, wait_healthy
 from tests.support.tools import tool  # skipped without it here, a failure on CI
+from tests.support.waiting import eventually
 
 PASSWORD = "s3cret-app"
 # The least the outbox needs (docs/deploy.md, "TLS and ACL users"): its own keys and channels,

@@ -23,7 +23,7 @@ from prompt_outbox.core.keys import session_keys
 from prompt_outbox.core.tracing import NOOP, tracing, use_provider
 from prompt_outbox.core.turns import TurnHold, decode_turn
 from prompt_outbox.storage.client import Client
-from tests.conftest import FAST
+from tests.support.tunables import FAST
 
 pytestmark = pytest.mark.cluster_too
 

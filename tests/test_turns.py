@@ -27,7 +27,8 @@ from prompt_outbox.core.keys import OWNERS, SessionKeys
 from prompt_outbox.core.turns import TurnHold
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.replies import Write
-from tests.conftest import FAST, eventually, holds
+from tests.support.tunables import FAST
+from tests.support.waiting import eventually, holds
 
 pytestmark = pytest.mark.cluster_too
 

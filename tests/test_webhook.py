@@ -26,8 +26,9 @@ from prompt_outbox.webhook import (
     WebhookSignatureError,
     verify_signature,
 )
-from tests.conftest import FAST, ManualClock
+from tests.support.clock import ManualClock
 from tests.support.receiver import SECRET, Receiver, receiver
+from tests.support.tunables import FAST
 
 WS, SES = "ws", "s1"
 

@@ -19,7 +19,7 @@ from prompt_outbox.storage.replies import text
 from prompt_outbox.storage.store import Store
 from prompt_outbox.storage.walk import Walk
 from tests.agents import ScriptedAgent, WorkerDied, dying_agent
-from tests.conftest import ManualClock
+from tests.support.clock import ManualClock
 
 pytestmark = pytest.mark.cluster_too
 

@@ -25,9 +25,9 @@ from prompt_outbox.core.keys import SessionKeys
 from prompt_outbox.embedded import free_port
 from tests.agents import ScriptedAgent
 from tests.chaos import report
-from tests.conftest import FAST
 from tests.support.api import ALICE, URL
 from tests.support.serve import service, wait_healthy
+from tests.support.tunables import FAST
 
 OPS = {"Authorization": "Bearer ops-token"}
 

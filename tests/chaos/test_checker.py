@@ -13,7 +13,7 @@ from prompt_outbox.deliver import WebhookDeliverer
 from tests.chaos import report
 from tests.chaos.history import History, check
 from tests.chaos.turn_agent import TurnAgent
-from tests.conftest import eventually, holds
+from tests.support.waiting import eventually, holds
 
 
 def entry(entry_id: str, status: Status) -> Entry:

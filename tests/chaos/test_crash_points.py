@@ -24,7 +24,7 @@ from tests.chaos import report
 from tests.chaos.crash_proc import SES, WS, file_agent, hook_log, transcript, truthful
 from tests.chaos.harness import ROOT
 from tests.chaos.settings import CRASH_TUNABLES
-from tests.conftest import eventually
+from tests.support.waiting import eventually
 
 # point -> (how the entries are set up, what the crashing process does)
 PLAN = {

@@ -48,7 +48,7 @@ from tests import tally
 from tests.agents import WorkerDied
 from tests.chaos import report
 from tests.chaos.model import Model
-from tests.conftest import ManualClock
+from tests.support.clock import ManualClock
 
 WS, SES = "model", "s1"
 TUNABLES = Tunables(
