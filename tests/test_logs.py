@@ -18,6 +18,7 @@ from prompt_outbox.cli.logs import ContextFilter, JsonFormatter, TextFormatter
 from prompt_outbox.core.logctx import log_context, log_fields
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.shardsub import ShardSubscriber
+from prompt_outbox.storage.topology import topology_of
 from tests.support.logs import logged_service
 from tests.support.receiver import SECRET, receiver
 from tests.support.waiting import eventually, holds
@@ -128,7 +129,9 @@ async def test_the_shared_subscriptions_log_under_no_requests_id(client: Client)
     """The event feed's subscription tasks are started by the first request that wants a
     channel, and live on: their records must not carry that request's ID for ever."""
     seen: list[dict[str, object]] = []
-    sub = ShardSubscriber(client, lambda _channel, _message: seen.append(dict(log_fields())))
+    sub = ShardSubscriber(
+        topology_of(client), lambda _channel, _message: seen.append(dict(log_fields()))
+    )
     try:
         with log_context(request_id="the-first-stream"):
             sub.add("chan:{ws}:s")

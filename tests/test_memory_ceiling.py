@@ -16,6 +16,7 @@ from prompt_outbox import Duplicate, Outbox, StorageFull
 from prompt_outbox.core.keys import SessionKeys
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.memory import MemoryCeiling
+from prompt_outbox.storage.topology import topology_of
 from tests.agents import ScriptedAgent
 from tests.support.api import ALICE, serve
 from tests.support.clock import ManualClock
@@ -153,7 +154,7 @@ async def info_calls(client: Client, node: Any) -> int:
 async def test_the_reading_is_cached_per_node_for_its_interval(client: Client) -> None:
     # No round trip per accept: one INFO per node per interval, however many accepts ask.
     now = [100.0]
-    gauge = MemoryCeiling(client, 0.8, 1.0, clock=lambda: now[0])
+    gauge = MemoryCeiling(topology_of(client), 0.8, 1.0, clock=lambda: now[0])
     k = SessionKeys(WS, "s1")
     node = node_of(client, WS)
     before = await info_calls(client, node)

@@ -22,6 +22,7 @@ from prompt_outbox.storage.sentinel import (
     parse_sentinel_url,
 )
 from prompt_outbox.storage.shardsub import ShardSubscriber
+from prompt_outbox.storage.topology import topology_of
 from tests.replication import node_client
 from tests.sentinel import SentinelGroup
 from tests.support.failover import (
@@ -94,7 +95,7 @@ async def test_shard_subscriptions_follow_a_sentinel_failover(tmp_path: Path) ->
     with SentinelGroup(tmp_path) as group:
         client = connect(group.url, socket_timeout=5, socket_connect_timeout=2)
         heard = Heard()
-        sub = ShardSubscriber(client, heard, retry_after=0.05)
+        sub = ShardSubscriber(topology_of(client), heard, retry_after=0.05)
         try:
             sub.add("outboxwake:{t}")
             await eventually(lambda: holds(heard.subscribed["outboxwake:{t}"] == 1))

@@ -9,6 +9,7 @@ import pytest
 
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.shardsub import ShardSubscriber
+from prompt_outbox.storage.topology import topology_of
 from tests.support.pubsub import Heard, kill_subscriptions, masters, spublish
 from tests.support.waiting import eventually, holds
 
@@ -19,7 +20,7 @@ CHANNELS = [f"chan:{{ws{n}}}:s" for n in range(60)]  # 60 workspaces: every node
 
 async def test_many_channels_share_one_connection_per_node(client: Client) -> None:
     heard = Heard()
-    sub = ShardSubscriber(client, heard)
+    sub = ShardSubscriber(topology_of(client), heard)
     try:
         for channel in CHANNELS:
             sub.add(channel)
@@ -47,7 +48,7 @@ async def test_many_channels_share_one_connection_per_node(client: Client) -> No
 
 async def test_a_killed_connection_is_made_again_and_says_so(client: Client) -> None:
     heard = Heard()
-    sub = ShardSubscriber(client, heard, retry_after=0.05)
+    sub = ShardSubscriber(topology_of(client), heard, retry_after=0.05)
     try:
         for channel in CHANNELS[:10]:
             sub.add(channel)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cluster_too
 async def test_the_kind_is_the_clients(client: Client, server_kind: str) -> None:
     topology = topology_of(client)
     assert isinstance(topology, Cluster if server_kind == "cluster" else Standalone)
-    assert topology.cluster is (server_kind == "cluster")
+    assert topology.one_node is (server_kind != "cluster")
     assert topology.client is client
 
 
@@ -68,6 +68,22 @@ async def test_a_connection_to_a_node_and_the_one_address(client: Client, server
     assert topology.connection_settings()[0].get("host") != "changed"
 
 
+async def test_in_order_runs_each_fill_after_the_ones_before(client: Client) -> None:
+    keys = [f"order{{{n}}}" for n in range(6)]  # tags spread over a cluster's nodes
+
+    def write(pipe: object) -> None:
+        for key in keys:
+            pipe.set(key, key)  # type: ignore[attr-defined]
+
+    def read(pipe: object) -> None:
+        for key in keys:
+            pipe.get(key)  # type: ignore[attr-defined]
+
+    answers = await topology_of(client).in_order(write, read)
+    assert answers == [True] * len(keys) + [key.encode() for key in keys]
+    await client.delete(*keys)
+
+
 def test_only_topology_asks_which_kind_of_client() -> None:
     # The rest of storage takes the Topology: a new isinstance(..., ValkeyCluster) elsewhere
     # would decide the kind a second time.
@@ -79,3 +95,15 @@ def test_only_topology_asks_which_kind_of_client() -> None:
         and re.search(r"isinstance\([^)]*ValkeyCluster", path.read_text())
     ]
     assert asking == []
+
+
+def test_only_the_store_reads_the_kind_once() -> None:
+    # ``one_node`` is read where the Store is built, to choose how a transition and its due
+    # mark travel; a module reading it elsewhere would branch on the kind again.
+    src = Path(topology_module.__file__).parent.parent
+    reads = {
+        str(path.relative_to(src)): len(re.findall(r"\.one_node\b", path.read_text()))
+        for path in sorted(src.rglob("*.py"))
+        if path.name != "topology.py"
+    }
+    assert {name: n for name, n in reads.items() if n} == {"storage/store.py": 1}

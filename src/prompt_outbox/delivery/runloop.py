@@ -131,7 +131,7 @@ class RunLoop:
         self._heard_from: set[str] = set()  # wake channels subscribed at least once
         self._loop: asyncio.Task[None] | None = None
         # Sharded pub/sub: one connection per node owning a bucket's wake channel.
-        self._listener = ShardSubscriber(store.client, self._heard, retry_after=tick)
+        self._listener = ShardSubscriber(store.topology, self._heard, retry_after=tick)
 
     def start(self) -> None:
         self.wakeups.add(self.wake)

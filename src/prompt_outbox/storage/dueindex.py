@@ -38,7 +38,7 @@ from valkey.commands.core import AsyncScript
 
 from ..core.keys import LEGACY_WORKSPACES, WorkspaceKeys, buckets
 from .replies import Compared, Ok, parse, text
-from .topology import topology_of
+from .topology import Topology
 
 MarkKind = Literal["before", "after", "alone"]
 """mark.lua's ARGV[3]: before a transition, after it, or for a change already in place."""
@@ -83,9 +83,9 @@ def _visit(ready: Sequence[Any], notice: Sequence[Any], now_ms: int, limit: int)
 class DueIndex:
     """Reads and writes of the due index and the workspace registry (the bucket keys)."""
 
-    def __init__(self, client: Any, scripts: dict[str, AsyncScript]) -> None:
-        self.client = client
-        self.topology = topology_of(client)
+    def __init__(self, topology: Topology, scripts: dict[str, AsyncScript]) -> None:
+        self.topology = topology
+        self.client: Any = topology.client
         self._scripts = scripts
 
     # -- writers ---------------------------------------------------------------------------
@@ -152,23 +152,22 @@ class DueIndex:
     ) -> list[tuple[Mark, Visit]]:
         """For each workspace its mark (score as given, or read when None; -1 when absent)
         and generation, then its visit. The generations are read BEFORE the
-        workspaces (unmark.lua relies on it): one pipeline on a standalone server, whose
-        commands run in order; two on a cluster, whose pipeline spans nodes."""
+        workspaces (unmark.lua relies on it): ``Topology.in_order``."""
         if not due:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        for ws, score in due:
-            b = WorkspaceKeys(ws).bucket
-            if score is None:
-                pipe.zscore(b.due, ws)
-            pipe.hget(b.registry, ws)
-        answers: list[Any] = []
-        if self.topology.cluster:  # a cluster's pipeline spans nodes: no order between them
-            answers = await pipe.execute(raise_on_error=True)
-            pipe = self.client.pipeline(transaction=False)
-        for ws, _ in due:
-            self._queue_visit(pipe, WorkspaceKeys(ws), limit)
-        answers += await pipe.execute(raise_on_error=True)
+
+        def read_marks(pipe: Any) -> None:
+            for ws, score in due:
+                b = WorkspaceKeys(ws).bucket
+                if score is None:
+                    pipe.zscore(b.due, ws)
+                pipe.hget(b.registry, ws)
+
+        def read_visits(pipe: Any) -> None:
+            for ws, _ in due:
+                self._queue_visit(pipe, WorkspaceKeys(ws), limit)
+
+        answers = await self.topology.in_order(read_marks, read_visits)
         at = 0
         marks = []
         for ws, score in due:

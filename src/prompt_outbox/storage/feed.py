@@ -134,7 +134,7 @@ class EventFeed:
         self.metrics = metrics
         if metrics is not None:
             metrics.stream_buffer_bytes.set_function(lambda: self.buffered)
-        self.subscriber = ShardSubscriber(store.client, self._notice)
+        self.subscriber = ShardSubscriber(store.topology, self._notice)
         self._followers: dict[str, set[Follower]] = {}
         self._reads: asyncio.Semaphore | None = None
         self.buffered = 0

@@ -23,8 +23,7 @@ from typing import Any
 from valkey.exceptions import ResponseError
 
 from ..core.keys import SessionKeys
-from .client import Client
-from .topology import topology_of
+from .topology import Topology
 
 log = logging.getLogger("prompt_outbox.storage")
 
@@ -48,13 +47,12 @@ class MemoryCeiling:
 
     def __init__(
         self,
-        client: Client,
+        topology: Topology,
         ratio: float,
         interval: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.client = client
-        self.topology = topology_of(client)
+        self.topology = topology
         self.ratio = ratio
         self.interval = interval
         self._clock = clock

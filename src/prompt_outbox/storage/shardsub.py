@@ -35,7 +35,7 @@ from valkey.crc import key_slot
 from valkey.exceptions import MovedError
 
 from .client import Client
-from .topology import topology_of
+from .topology import Topology
 
 log = logging.getLogger("prompt_outbox.storage")
 
@@ -68,14 +68,14 @@ class ShardSubscriber:
 
     def __init__(
         self,
-        client: Client,
+        topology: Topology,
         on_notice: Notice,
         *,
         ping_every: float = 5.0,
         retry_after: float = 0.5,
     ) -> None:
-        self.client = client
-        self.topology = topology_of(client)
+        self.topology = topology
+        self.client: Client = topology.client
         self.on_notice = on_notice
         self.ping_every = ping_every
         self.retry_after = retry_after

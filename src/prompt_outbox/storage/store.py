@@ -96,18 +96,23 @@ class Store:
         self.client = client
         self.topology = topology_of(client)
         """Standalone or cluster, decided once (storage/topology.py)."""
-        self.memory = MemoryCeiling(client, memory_ratio, memory_interval)
+        self.memory = MemoryCeiling(self.topology, memory_ratio, memory_interval)
         """The accept path's memory ceiling (per node cached INFO memory)."""
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(src)  # type: ignore[misc]  # cluster: typed as Valkey's
             for name, src in sources(event_log_len, event_log_ttl_ms).items()
         }
-        self.due = DueIndex(client, self._scripts)
+        self.due = DueIndex(self.topology, self._scripts)
         self.walk = Walk(client, self.due)
         """The walks over every workspace (maintenance, recovery, counts, admin)."""
         self.turns = TurnStore(client, self._run, self.due)
         """Sessions held in turn: their ends, checks and owners (storage/turnstore.py)."""
         self._pipe = self.topology.auto_pipeline(self.load_scripts)
+        # How a transition and its due mark travel, chosen once (the only read of the kind):
+        # one script with a WAITAOF after it on its connection, or three calls.
+        one_node = self.topology.one_node
+        self._marked_eval = self._marked_in_script if one_node else self._marked_around
+        self._waits_ride = one_node
         self._format_recorded = False
 
     async def record_format(self) -> None:
@@ -136,7 +141,24 @@ class Store:
         word, _ = parse(kind, await self._run(name, keys, args))
         return word.name == "OK"
 
-    async def _marked_eval(
+    async def _marked_around(
+        self,
+        ws: str,
+        now_ms: int,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        tail: Sequence[tuple[Any, ...]] = (),
+    ) -> tuple[Any, list[Any]]:
+        """``_marked_eval`` on a cluster, which keeps the marks in other slots than the
+        workspace and refuses scripts in a pipeline: mark before, run, mark after, in that
+        order, and no ``tail`` (answers [])."""
+        await self.due.mark(ws, now_ms, "before")
+        reply = await self._run(name, keys, args)
+        await self.due.mark(ws, now_ms, "after")
+        return reply, []
+
+    async def _marked_in_script(
         self,
         ws: str,
         now_ms: int,
@@ -147,18 +169,12 @@ class Store:
     ) -> tuple[Any, list[Any]]:
         """Run a transition that may make work due sooner, with its due mark (dueindex.py
         says why); its reply, and the answers to ``tail`` (raw commands, errors included).
+        This is ``_marked_eval`` on one server (``_marked_around`` on a cluster).
 
-        On a standalone server the transition and its mark are one script
-        (``<name>_marked``), and ``tail`` rides after it on the same connection: a pipeline
-        that met NOSCRIPT (a restarted server) ran nothing, so it is sent again after loading.
-        A cluster keeps the marks in other slots than the workspace and refuses scripts in a
-        pipeline: mark before, run, mark after, in that order, and no ``tail`` (answers [])."""
+        The transition and its mark are one script (``<name>_marked``), and ``tail`` rides
+        after it on the same connection: a pipeline that met NOSCRIPT (a restarted server)
+        ran nothing, so it is sent again after loading."""
         await self.record_format()  # the pipeline below bypasses ``_run``
-        if self.topology.cluster:
-            await self.due.mark(ws, now_ms, "before")
-            reply = await self._run(name, keys, args)
-            await self.due.mark(ws, now_ms, "after")
-            return reply, []
         mark_keys, mark_args = self.due.in_script(ws, now_ms)
         keys, args = [*keys, *mark_keys], [*args, *mark_args]
         if not tail:
@@ -207,8 +223,7 @@ class Store:
         the accept's time, which is the entry's ``acceptedAt``: the tally's oldest pending
         takes it from here, so the script never decodes the entry."""
         marker = k.dedupe(cmid)
-        alone = self.topology.cluster
-        tail = wait.commands() if wait is not None and not alone else []
+        tail = wait.commands() if wait is not None and self._waits_ride else []
         keys = [*k.script_keys(), marker, k.fingerprint(cmid)]
         waits = int(bool(tail))
         args = [k.ses, entry, entry_id, cap, ttl_ms, waits, fingerprint, while_busy, workspace_cap]

@@ -6,9 +6,11 @@ ValkeyCluster)`` again (tests/test_topology.py keeps it so). Each operation make
 Valkey calls, in the same order, as the code it replaced (tests/test_round_trips.py counts
 them).
 
-Who builds it: the Store, once, and hands it to ``waitaof.confirm``; the classes built from a
-client (``DueIndex``, ``MemoryCeiling``, ``ShardSubscriber``: the last two by callers outside
-storage too) once in their constructor; durability.py's entry points once per check.
+Who builds it: the Store, once, and hands it to what it builds (``DueIndex``,
+``MemoryCeiling``, ``waitaof.confirm``) and to its callers (the run loop's and the feed's
+``ShardSubscriber``); durability.py's public entry points, which are handed a client, once per
+check. The Store reads ``one_node`` once, when it is built, to choose how a transition and its
+due mark travel (store.py); no other module branches on the kind.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from .client import Client, address
 class Topology(ABC):
     """What a standalone server and a cluster do differently (see the module's docstring)."""
 
-    cluster: bool
-    """Whether this is a cluster (for a caller that only needs to say so)."""
+    one_node: bool
+    """Every key on one node (a standalone server): a script may name keys of any slot, and a
+    pipeline is one connection whose commands, scripts included, run in order. False on a
+    cluster, whose keys live in slots across nodes and whose pipeline refuses scripts."""
 
     @property
     @abstractmethod
@@ -65,6 +69,12 @@ class Topology(ABC):
         self, script: AsyncScript, calls: list[tuple[list[str], list[str | int]]]
     ) -> list[Any]:
         """``script`` once per (keys, args) of ``calls``; the replies in order (an error
+        raises)."""
+
+    @abstractmethod
+    async def in_order(self, *fills: Callable[[Any], None]) -> list[Any]:
+        """Each fill queues commands on a pipeline it is given; the answers of all, in order,
+        with every command of a fill run after every command of the fills before it (an error
         raises)."""
 
     @abstractmethod
@@ -110,7 +120,7 @@ class Topology(ABC):
 class Standalone(Topology):
     """One server (through Sentinel too: the primary it finds)."""
 
-    cluster = False
+    one_node = True
 
     def __init__(self, client: Valkey) -> None:
         self._client = client
@@ -155,6 +165,13 @@ class Standalone(Topology):
             await script(keys=keys, args=args, client=pipe)
         return list(await pipe.execute(raise_on_error=True))
 
+    async def in_order(self, *fills: Callable[[Any], None]) -> list[Any]:
+        """See ``Topology`` (one pipeline: one connection runs its commands in order)."""
+        pipe = self._client.pipeline(transaction=False)
+        for fill in fills:
+            fill(pipe)
+        return list(await pipe.execute(raise_on_error=True))
+
     def connection_settings_at(self, host: str, port: int) -> tuple[dict[str, Any], Any]:
         """See ``Topology``."""
         kwargs, kind = self.connection_settings()
@@ -187,7 +204,7 @@ class Standalone(Topology):
 class Cluster(Topology):
     """A Valkey Cluster: calls aimed at nodes by slot, or sent to every primary."""
 
-    cluster = True
+    one_node = False
 
     def __init__(self, client: ValkeyCluster) -> None:
         self._client = client
@@ -247,6 +264,16 @@ class Cluster(Topology):
     ) -> list[Any]:
         """See ``Topology`` (concurrent calls: the cluster refuses scripts in a pipeline)."""
         return list(await asyncio.gather(*(script(keys=k, args=a) for k, a in calls)))
+
+    async def in_order(self, *fills: Callable[[Any], None]) -> list[Any]:
+        """See ``Topology`` (a pipeline per fill, one after the other: a cluster's pipeline
+        spans nodes, with no order between them)."""
+        answers: list[Any] = []
+        for fill in fills:
+            pipe = self._client.pipeline(transaction=False)
+            fill(pipe)
+            answers += await pipe.execute(raise_on_error=True)
+        return answers
 
     def connection_settings_at(self, host: str, port: int) -> tuple[dict[str, Any], Any]:
         """See ``Topology``."""
