@@ -134,7 +134,7 @@ class Outbox:
             if self._durability is None:
                 t = self.tunables
                 report = await resolve_durability(
-                    self._store.client,
+                    self._store.topology,
                     t.accept_durability,
                     chosen=t.durability_chosen,
                     wait_for=t.durability_timeout,

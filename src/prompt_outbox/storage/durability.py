@@ -212,14 +212,13 @@ async def _shortfall(topology: Topology, level: DurabilityLevel, wait_for: float
 
 
 async def resolve_durability(
-    client: Client, level: DurabilityLevel, *, chosen: bool, wait_for: float
+    topology: Topology, level: DurabilityLevel, *, chosen: bool, wait_for: float
 ) -> DurabilityReport:
     """Decide the level each accept waits for on this server (see the module's docstring).
 
     Raises DurabilityError when the caller ``chosen`` a level the server cannot honour. A
     probe waits up to ``wait_for`` seconds per level tried.
     """
-    topology = topology_of(client)
     notes: list[str] = []
     in_force = level
     for candidate in reversed(DURABILITY_LEVELS[: DURABILITY_LEVELS.index(level) + 1]):

@@ -8,9 +8,10 @@ them).
 
 Who builds it: the Store, once, and hands it to what it builds (``DueIndex``,
 ``MemoryCeiling``, ``waitaof.confirm``) and to its callers (the run loop's and the feed's
-``ShardSubscriber``); durability.py's public entry points, which are handed a client, once per
-check. The Store reads ``one_node`` once, when it is built, to choose how a transition and its
-due mark travel (store.py); no other module branches on the kind.
+``ShardSubscriber``) and to ``resolve_durability``; durability.py's public checks, which are
+handed a client, once per check. The Store reads ``one_node`` once, when it is built, to
+choose how a transition and its due mark travel (store.py); no other module branches on the
+kind.
 """
 
 from __future__ import annotations
