@@ -5,6 +5,7 @@ event streams, and a second serve on a data dir in use refused."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import stat
@@ -22,6 +23,7 @@ from click.testing import CliRunner
 from prompt_outbox import Outbox
 from prompt_outbox.api.auth import TokenTable
 from prompt_outbox.cli import main
+from prompt_outbox.cli.tokens import add_token
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 from tests.support.logs import logged_service
 from tests.support.serve import BIN
@@ -153,7 +155,33 @@ def test_tokens_add_refuses_and_leaves_the_file(
     path.write_text(content)
     code, out, err = run("tokens", "add", "--file", str(path), *args)
     assert code == 1 and out == "" and err.startswith(f"Error: {path}: ")
-    assert path.read_text() == content and os.listdir(tmp_path) == ["tokens.json"]
+    assert path.read_text() == content
+    assert sorted(os.listdir(tmp_path)) == [".tokens.json.lock", "tokens.json"]  # no temp file
+
+
+def test_two_tokens_add_at_once_take_turns(tmp_path: Path) -> None:
+    # The file is read, changed and renamed over: two at once without a lock would each
+    # write their own row over the other's. One holds the lock here; an add must wait for it.
+    path = tmp_path / "tokens.json"
+    added: list[str] = []
+    lock = os.open(tmp_path / ".tokens.json.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    waiting = threading.Thread(target=lambda: added.append(add_token(path, ("acme",), "a")))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive() and not path.exists()  # it waits for the lock
+    os.close(lock)
+    waiting.join(10)
+    several = [
+        threading.Thread(target=lambda n=n: added.append(add_token(path, ("acme",), f"u{n}")))
+        for n in range(8)
+    ]
+    for thread in several:
+        thread.start()
+    for thread in several:
+        thread.join(10)
+    table = TokenTable.from_file(path)
+    assert len(added) == 9 and all(table.lookup(token) is not None for token in added)
 
 
 def test_sigterm_with_open_event_streams_exits_cleanly(tmp_path: Path) -> None:

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -22,7 +24,26 @@ def add_token(path: Path, workspaces: tuple[str, ...], user: str, admin: bool = 
     """Append a new random token for ``user`` on ``workspaces`` (or every one, ``admin``) to
     the token file at ``path`` (made if missing); returns the token. The file is read and the
     result checked by ``TokenTable``'s own parser (ValueError: what is wrong, the file left
-    as it was), then replaced atomically, mode 0600."""
+    as it was), then replaced atomically, mode 0600. Two at once on one file take turns
+    (``_exclusive``), so neither's token is lost."""
+    with _exclusive(path):
+        return _add(path, workspaces, user, admin)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``.<name>.lock`` beside ``path`` (made 0600, left in place):
+    the token file itself is replaced by a rename, so a lock on it would be on the old file."""
+    lock = path.resolve().parent / f".{path.name}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when closed
+        yield
+    finally:
+        os.close(fd)
+
+
+def _add(path: Path, workspaces: tuple[str, ...], user: str, admin: bool) -> str:
     if path.exists():
         TokenTable.from_file(path)  # refuse a file serve would refuse
         doc = json.loads(path.read_text("utf-8"))
