@@ -135,7 +135,7 @@ def main() -> None:
         ours=" / ".join(f"{r.usec_per_prompt:.0f}" for r in report.rows)
         + f" µs per prompt at lengths {args.lengths} ({ratio:.2f}x)",
         met=ratio <= 1.5,
-        note="before this issue: 19.6x at length 1 000",
+        note="before, when every call decoded the whole queue: 19.6x at length 1 000",
     )
     print(f"({time.monotonic() - started:.0f} s)")
 
