@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import valkey as valkey_sync
 import valkey.asyncio as valkey_async
 
 from prompt_outbox.durability import DurabilityError, check_durability, durability_problems
@@ -25,29 +26,49 @@ def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None
         pass
 
 
-def test_an_orphaned_server_still_holds_the_data_dir(tmp_path: Path) -> None:
-    # The owning process is SIGKILLed; its valkey-server lives on, writing the AOF. A new
-    # instance must refuse the directory until that server is gone too.
+def _orphan(data_dir: Path) -> tuple[int, int]:
+    """An embedded server whose owning process was SIGKILLed after it wrote a key: the
+    server's pid and port (the server lives on, holding the data dir's lock)."""
     code = (
-        "import sys, time\n"
+        "import sys, time, valkey\n"
         "from prompt_outbox.embedded import EmbeddedValkey\n"
-        "s = EmbeddedValkey(sys.argv[1]); s.start(); print(s.proc.pid, flush=True)\n"
+        "s = EmbeddedValkey(sys.argv[1]); s.start()\n"
+        "valkey.Valkey.from_url(s.url).set('kept', 'yes')\n"
+        "print(s.proc.pid, s.port, flush=True)\n"
         "time.sleep(60)\n"
     )
     owner = subprocess.Popen(
-        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", code, str(data_dir)], stdout=subprocess.PIPE, text=True
     )
     assert owner.stdout is not None
-    server_pid = int(owner.stdout.readline())
+    server_pid, port = map(int, owner.stdout.readline().split())
     owner.send_signal(signal.SIGKILL)
     owner.wait()
+    os.kill(server_pid, 0)  # the orphan lives on
+    return server_pid, port
+
+
+def test_an_orphaned_server_is_stopped_and_its_place_taken(tmp_path: Path) -> None:
+    # Only the owner was SIGKILLed (kill -9 on serve's pid); a restart must not be refused
+    # for ever by its server: that one is asked to shut down, and the new one takes its port.
+    server_pid, port = _orphan(tmp_path)
+    with EmbeddedValkey(tmp_path) as again:
+        _wait_gone(server_pid)
+        assert again.port == port and again.proc is not None and again.proc.pid != server_pid
+        assert valkey_sync.Valkey.from_url(again.url).get("kept") == b"yes"  # from the AOF
+
+
+def test_an_orphan_that_does_not_answer_keeps_the_data_dir(tmp_path: Path) -> None:
+    server_pid, _ = _orphan(tmp_path)
+    os.kill(server_pid, signal.SIGSTOP)  # it cannot be asked to stop
     try:
-        with pytest.raises(DataDirInUse):
+        with pytest.raises(DataDirInUse, match="has exited, and its server did not stop"):
             EmbeddedValkey(tmp_path).start()
     finally:
-        subprocess.run(["kill", "-9", str(server_pid)], check=False)
+        os.kill(server_pid, signal.SIGKILL)
+        os.kill(server_pid, signal.SIGCONT)
     _wait_gone(server_pid)
-    with EmbeddedValkey(tmp_path):
+    with EmbeddedValkey(tmp_path):  # free once it is gone
         pass
 
 

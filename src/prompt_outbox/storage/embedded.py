@@ -152,6 +152,7 @@ class EmbeddedValkey:
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
+        self._port_chosen = port is not None
         self.maxmemory = default_maxmemory() if maxmemory is None else maxmemory
         self.password = ""
         self.proc: subprocess.Popen[bytes] | None = None
@@ -166,7 +167,10 @@ class EmbeddedValkey:
         """Start the server and wait until it answers PING (having loaded its AOF).
 
         Raises DataDirInUse if another process holds the data directory: two servers on one
-        AOF would corrupt it. The lock (flock) dies with its holder, so a crash leaves none.
+        AOF would corrupt it. The lock (flock) dies with its holder and the server it started
+        (which inherits it). Where the holder is gone but its server lives on (the holder
+        alone was SIGKILLed), that orphan is asked to shut down, and this one takes its
+        place, on its port unless one was given (``_take_over``).
         Raises UnsafeDataDir if the data dir or its password file is not this user's, or the
         password file is open to others.
         """
@@ -278,20 +282,42 @@ class EmbeddedValkey:
         if self._lock_fd is not None:
             return
         fd = os.open(self.data_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _locked(fd):
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            os.close(fd)
-            pid = f" (pid {holder})" if holder.isdigit() else ""
-            raise DataDirInUse(
-                f"{self.data_dir} is in use by another prompt-outbox process{pid}; "
-                "stop it or choose another data directory"
-            ) from None
+            gone = holder.isdigit() and not _alive(int(holder))
+            if not (gone and self._take_over(fd)):
+                os.close(fd)
+                raise DataDirInUse(_in_use(self.data_dir, holder, gone))
         # Who holds it, for that message: the lock itself is the flock, not this content.
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
+
+    def _take_over(self, fd: int) -> bool:
+        """The lock's holder has exited, and the valkey-server it started still holds the
+        lock: ask that server to SHUTDOWN (every acknowledged write is already fsynced:
+        appendfsync always), and take the lock once it has exited. On its port, unless one
+        was given, so workers attached to the old URL find the new server. False if it does
+        not answer with this data dir's password, or does not exit within 10 s."""
+        try:
+            port = int((self.data_dir / _PORT_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return False
+        if not _shutdown(port, read_password(self.data_dir)):
+            return False
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            if _locked(fd):
+                log.warning(
+                    "the process that ran the Valkey on %s had exited; its valkey-server (port "
+                    "%d) was asked to shut down and has, and a new one takes its place",
+                    self.data_dir,
+                    port,
+                )
+                self.port = self.port if self._port_chosen else port
+                return True
+            time.sleep(0.02)
+        return False
 
     def _unlock_data_dir(self) -> None:
         if self._lock_fd is not None:
@@ -315,6 +341,56 @@ class EmbeddedValkey:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _locked(fd: int) -> bool:
+    """Take the exclusive lock on ``fd`` if nobody holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts: it is not ours to judge)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _in_use(data_dir: Path, holder: str, gone: bool) -> str:
+    """DataDirInUse's message: who holds ``data_dir``, and what to do."""
+    if gone:
+        return (
+            f"{data_dir} is held by the valkey-server that pid {holder} started; that process "
+            "has exited, and its server did not stop when asked: stop it (its port is in "
+            f"{data_dir / _PORT_FILE}) or choose another data directory"
+        )
+    pid = f" (pid {holder})" if holder.isdigit() else ""
+    return (
+        f"{data_dir} is in use by another prompt-outbox process{pid}; "
+        "stop it or choose another data directory"
+    )
+
+
+def _shutdown(port: int, password: str | None) -> bool:
+    """Send SHUTDOWN to the server on this loopback port after AUTH with ``password``; True
+    once it was accepted (the server closes the connection instead of answering)."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
+        replies = s.makefile("rb")
+        if password:
+            s.sendall(_command("AUTH", password))
+            if replies.readline() != b"+OK\r\n":
+                return False
+        s.sendall(_command("SHUTDOWN"))
+        s.settimeout(10.0)  # it flushes the AOF first
+        return not replies.readline().startswith(b"-")  # an error, or nothing: it is going
+    return False
 
 
 def answers_ping(port: int, password: str | None = None) -> bool:
