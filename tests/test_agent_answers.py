@@ -1,6 +1,7 @@
-"""What the deliverers read from agents is bounded (issue 22, follow-up): a webhook receiver,
-a verify URL or an opencode server answering 200 MB, or trickling a byte at a time, neither
-grows the worker nor holds it, and the outcome class stays the one the status gives.
+"""What the deliverers read from agents is bounded (docs/security.md, "The deliverers and the
+agent"): a webhook receiver, a verify URL or an opencode server answering 200 MB, or trickling a
+byte at a time, neither grows the worker nor holds it, and the outcome class stays the one the
+status gives.
 
 Every agent is a real HTTP server on loopback (``tests.standin``) that streams its body in
 chunks and records how much of it got onto the wire before the client hung up; the client's

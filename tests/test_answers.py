@@ -1,7 +1,7 @@
-"""Clients that stop reading (issue 22, red-team hole 1): what an answer holds for its client is
-written an entry at a time and counted against budgets per token and per process
-(api/answers.py), and a connection whose client takes nothing for --send-timeout is aborted
-(cli/heads.py).
+"""Clients that stop reading (docs/security.md: a stalled client kept whole answers): what an
+answer holds for its client is written an entry at a time and counted against budgets per token
+and per process (api/answers.py), and a connection whose client takes nothing for --send-timeout
+is aborted (cli/heads.py).
 
 In process for the accounting, the pieces and the send timeout's clock; against a real
 ``prompt-outbox serve`` with raw sockets (a small receive buffer, and no read after the

@@ -275,7 +275,8 @@ def test_an_id_or_event_name_can_never_hold_a_line_break() -> None:
 async def test_a_stream_holds_its_reset_only_while_it_is_sent() -> None:
     """A stream lives for hours, and its first message is the whole queue: the generator
     frees each entry once written, and keeps nothing of the reset once it is sent (it kept
-    the reset and its whole text for the stream's life, red-team hole 1)."""
+    the reset and its whole text for the stream's life: docs/security.md, a stalled client kept
+    whole answers)."""
     now = datetime.now(UTC)
     reset = QueueReset("5-0", [Entry(f"e{n}", f"c{n}", "u", "x" * 9000, now) for n in range(3)])
     whole = format_item(reset)

@@ -1,6 +1,6 @@
 """The short form of the flood benchmark (bench/flood.py): a few oversized requests of each
 kind against a real serve. No timing is asserted; memory is, against the idle RSS of the same
-run: before issue 22, this flood took serve from about 60 MB to 230-500 MB."""
+run: before the body and head limits, this flood took serve from about 60 MB to 230-500 MB."""
 
 from __future__ import annotations
 

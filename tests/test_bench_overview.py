@@ -1,8 +1,8 @@
 """The short form of the overview benchmark (bench/overview.py): a real serve answers the two
 overview routes and a /metrics count while one workspace holds ~20 MB of entries. No timing is
-asserted; memory is, against the idle RSS of the same run: before the tally (red-team hole 2)
-each of the three took serve from about 64 MB to 97-102 MB here (1.5-1.6x), and to 254 MB at
-100 MB held."""
+asserted; memory is, against the idle RSS of the same run: before the tally (docs/security.md:
+the overview read every entry) each of the three took serve from about 64 MB to 97-102 MB here
+(1.5-1.6x), and to 254 MB at 100 MB held."""
 
 from __future__ import annotations
 

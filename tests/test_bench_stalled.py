@@ -29,7 +29,8 @@ async def test_the_stalled_streams_benchmark_runs_both_setups() -> None:
 
 @pytest.mark.timeout(300)
 def test_the_stalled_answers_benchmark_runs_before_and_after() -> None:
-    # The red team's hole 1, short: 4 stalled clients of each kind on the 5.1 MB session.
+    # A stalled client kept whole answers (docs/security.md), short: 4 stalled clients of each
+    # kind on the 5.1 MB session.
     # Before, each held its answer formatted whole and its snapshot: 5-12 MiB of serve's
     # memory each; after, its entries and one piece in flight, about 0.5 MiB, all counted.
     report = stalled.run_answers(stalled=4, before=stalled.before_rev())

@@ -1,4 +1,4 @@
-"""deliver_once: every outcome class does exactly what the seed says."""
+"""deliver_once: every outcome class does exactly what the contract says (docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -346,7 +346,7 @@ async def test_an_accept_indexes_its_session_as_a_full_refresh_would(
         await outbox.accept("ws", "s1", "u", "c0", "ahead")
     elif before == "only an error entry":
         await outbox.seed_entry_for_test("ws", "s1", ERROR_ENTRY.format(id="e1"))
-        await client.delete(WorkspaceKeys("ws").bucket.due)  # the seed's mark, visited
+        await client.delete(WorkspaceKeys("ws").bucket.due)  # seed.lua's due mark, visited
     elif before == "locked":
         assert await store.lock(k, "holder", 30_000, now_ms())
     await outbox.accept("ws", "s1", "u", "c1", "new")

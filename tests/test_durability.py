@@ -1,5 +1,5 @@
-"""Accept levels (issue 11): what an acknowledged accept promises, decided at start on the real
-server, and an accept the server cannot confirm in time (NotDurable: written, not confirmed)."""
+"""Accept levels: what an acknowledged accept promises, decided at start on the real server, and
+an accept the server cannot confirm in time (NotDurable: written, not confirmed)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Edit before dispatch (issue 13): a pending or error entry's text or model replaced in place,
-refused while a delivery holds the session and once the entry is on its way."""
+"""Edit before dispatch: a pending or error entry's text or model replaced in place, refused while
+a delivery holds the session and once the entry is on its way."""
 
 from __future__ import annotations
 

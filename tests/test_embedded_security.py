@@ -1,7 +1,7 @@
-"""The embedded Valkey keeps other local users out (issue 22, finding 4): a password made once
-and kept 0600 in the data dir, given to the server in a 0600 config file (not argv); the data
-dir 0700 and every file 0600, modes from before fixed; attaching reads the password; no log
-line carries it. And its maxmemory (finding 12)."""
+"""The embedded Valkey keeps other local users out (docs/security.md, finding 4): a password
+made once and kept 0600 in the data dir, given to the server in a 0600 config file (not argv);
+the data dir 0700 and every file 0600, modes from before fixed; attaching reads the password; no
+log line carries it. And its maxmemory (finding 12)."""
 
 from __future__ import annotations
 

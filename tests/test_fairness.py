@@ -1,7 +1,6 @@
-"""Fair send slots and a worker's capacity (issue 23, points 2 and 6): the ``concurrency``
-slots go round-robin across workspaces, so one tenant's backlog cannot hold up another's
-prompt; one worker holds 1,000 deliverers that block for their whole turn; a loop with no free
-slot reads nothing.
+"""Fair send slots and a worker's capacity: the ``concurrency`` slots go round-robin across
+workspaces, so one tenant's backlog cannot hold up another's prompt; one worker holds 1,000
+deliverers that block for their whole turn; a loop with no free slot reads nothing.
 
 Every assertion is on the order or the count of sends, never on wall time."""
 

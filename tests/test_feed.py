@@ -250,7 +250,7 @@ async def test_a_moved_slot_loses_no_event(valkey_cluster: LocalCluster) -> None
         await client.aclose()
 
 
-# -- the byte bounds (issue 22, finding 5) ---------------------------------------------------
+# -- the byte bounds (docs/security.md, finding 5) -------------------------------------------
 
 KB = 1000
 BIG = 40 * KB  # each edit logs the whole entry: an event of about this many bytes

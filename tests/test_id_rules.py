@@ -1,5 +1,5 @@
-"""What a client may use as an ID (issue 22, finding 8), in the library and through the HTTP
-API on a real loopback port: 1-128 characters of [A-Za-z0-9._-], never only dots (a path
+"""What a client may use as an ID (docs/security.md, finding 8), in the library and through the
+HTTP API on a real loopback port: 1-128 characters of [A-Za-z0-9._-], never only dots (a path
 segment a URL normaliser removes), and the OpenAPI saying the same as check_id."""
 
 from __future__ import annotations

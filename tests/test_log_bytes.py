@@ -1,10 +1,10 @@
-"""The bound on what one workspace's event logs may hold (issue 22, red-team hole 3): each
-event's bytes are counted per workspace and per window of ``event_log_ttl`` (``emit`` in
+"""The bound on what one workspace's event logs may hold (docs/security.md: edits were unmetered):
+each event's bytes are counted per workspace and per window of ``event_log_ttl`` (``emit`` in
 ``lua/lib.lua``); a log lives ``event_log_ttl`` from its FIRST event, so the current and the
-previous window hold every byte the logs can still hold. Past ``workspace_log_bytes`` accepts
-and edits (the writes a client drives, each logging a whole entry) are refused with nothing
-written, in O(1), while other workspaces go on and deliveries keep logging. The red-team's
-attack in small: a tiny bound, 4 kB texts."""
+previous window hold every byte the logs can still hold. Past ``workspace_log_bytes`` accepts and
+edits (the writes a client drives, each logging a whole entry) are refused with nothing written,
+in O(1), while other workspaces go on and deliveries keep logging. The red-team's attack in small:
+a tiny bound, 4 kB texts."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The memory ceiling (issue 22, finding 12): with a maxmemory, accepts stop at
-``accept_memory_ratio`` of it (StorageFull, HTTP 503 storage_full), read from the node that
-owns the workspace's slot, so that deliveries, which free room, still run below the point
-where Valkey (noeviction) refuses every write. Real servers given a small maxmemory."""
+"""The memory ceiling (docs/security.md, finding 12): with a maxmemory, accepts stop at
+``accept_memory_ratio`` of it (StorageFull, HTTP 503 storage_full), read from the node that owns
+the workspace's slot, so that deliveries, which free room, still run below the point where Valkey
+(noeviction) refuses every write. Real servers given a small maxmemory."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ async def test_edits_stop_at_the_ceiling_too(
     client: Client, clock: ManualClock, ceiling: int
 ) -> None:
     # An edit logs the whole entry again: under no bound, one tenant's edits filled Valkey
-    # past every other tenant's accepts (red-team hole 3).
+    # past every other tenant's accepts (docs/security.md: edits were unmetered).
     outbox = Outbox(client, TUNABLES, clock=clock)
     await outbox.accept(WS, "edited", "u", "first", "short")
     [entry] = await outbox.list(WS, "edited")

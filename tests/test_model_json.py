@@ -1,7 +1,7 @@
-"""What a client may put in a model (issue 22, finding 7), in the library and through the
-HTTP API on a real loopback port: only finite JSON (what a browser's JSON.parse reads as it
-was written, and JSON.stringify writes back the same), and entries stored before that rule
-listed, and sent over SSE, as JSON all the same."""
+"""What a client may put in a model (docs/security.md, finding 7), in the library and through the
+HTTP API on a real loopback port: only finite JSON (what a browser's JSON.parse reads as it was
+written, and JSON.stringify writes back the same), and entries stored before that rule listed, and
+sent over SSE, as JSON all the same."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""What an operator alerts on (issue 24, point 3): the /metrics gauges of the backlog's age and
-the sessions in turn, the process metrics, and deploy/prometheus/alerts.yml and
-deploy/grafana/dashboard.json, every metric they name checked against a real serve's /metrics.
+"""What an operator alerts on: the /metrics gauges of the backlog's age and the sessions in turn,
+the process metrics, and deploy/prometheus/alerts.yml and deploy/grafana/dashboard.json, every
+metric they name checked against a real serve's /metrics.
 
 promtool is not at hand (and no well-kept PyPI validator of rule files is), so the rules'
 structure is checked here against Prometheus' rule-file format: groups with unique names,

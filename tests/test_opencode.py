@@ -287,7 +287,7 @@ def test_serve_delivers_to_opencode_through_the_api(
     assert fake_model.user_turns(text) == 1
 
 
-# -- path segments (issue 22, finding 8): against a real HTTP server that records each path --
+# -- path segments (docs/security.md, finding 8): against a real HTTP server recording paths ---
 
 
 @contextlib.contextmanager
@@ -390,8 +390,8 @@ async def test_dots_ids_never_reach_the_agent(client: valkey_async.Valkey) -> No
             assert await outbox.deliver_once(WS, "s1", deliverer)
         finally:
             await deliverer.aclose()
-    # A definitive failure that says why; nothing reached the agent (the code before issue
-    # 22 POSTed to /message, the ID's segment normalised away).
+    # A definitive failure that says why; nothing reached the agent (the code before the path
+    # segments were encoded POSTed to /message, the ID's segment normalised away).
     [entry] = await outbox.list(WS, "s1")
     assert (entry.attempts, "not one path segment" in entry.last_error) == (1, True)
     assert seen == []

@@ -1,6 +1,6 @@
-"""opencode turns (issue 23, points 1 and 3): the send is ``prompt_async`` and hands back a
-``Turn``; the turn's end is learned from one event stream per opencode server, after a cut,
-after opencode restarts, after an abort; every byte of that stream is hostile.
+"""opencode turns: the send is ``prompt_async`` and hands back a ``Turn``; the turn's end is
+learned from one event stream per opencode server, after a cut, after opencode restarts, after an
+abort; every byte of that stream is hostile.
 
 Against a REAL ``opencode serve`` 1.18.33 (offline, with the fake model: ``[sleep N]`` makes
 its answer wait N s), and, for what a real opencode will not do (answer garbage, end a turn
@@ -188,7 +188,7 @@ async def test_an_abort_ends_a_running_turn(opencode: OpencodeServer) -> None:
 async def test_through_the_run_loop_the_next_prompt_waits_for_the_turn(
     client: valkey_async.Valkey, opencode: OpencodeServer, fake_model: FakeModel
 ) -> None:
-    """Issue 23's first finding, end to end: A's turn (4 s) is far longer than every
+    """The case that made turns necessary, end to end: A's turn (4 s) is far longer than every
     timeout in the stack (1 s), yet B reaches opencode only after A's turn completed, and
     each prompt runs once. The old deliverer's send timed out, was verified delivered, and B
     went into A's running turn."""
@@ -213,7 +213,7 @@ async def test_through_the_run_loop_the_next_prompt_waits_for_the_turn(
 async def test_serve_holds_the_next_prompt_for_a_turn_longer_than_its_timeout(
     opencode: OpencodeServer, fake_model: FakeModel, tmp_path: Path
 ) -> None:
-    """Issue 23's first finding as the outside harness ran it: ``prompt-outbox serve
+    """The case that made turns necessary, as an outside harness ran it: ``prompt-outbox serve
     --opencode-url ... --opencode-timeout 2`` and two prompts POSTed for one session, A a 6 s
     turn. Before, A's send timed out, was verified delivered, and B went into A's running
     turn; nothing over HTTP could say the session was in turn."""

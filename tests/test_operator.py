@@ -172,7 +172,7 @@ async def test_park_holds_a_dead_workers_staged_entry_too(
 ) -> None:
     """Regression (found by the model-based test): park skipped staged entries, so after
     recovery the parked workspace still verified (and could re-send) the dead worker's entry.
-    The seed parks pending, delivering and verifying entries alike."""
+    The contract parks pending, delivering and verifying entries alike."""
     entry = await manual_outbox.accept(WS, SES, "u", "a", "a")
     await died_mid_send(manual_outbox, client)
     assert await manual_outbox.park_workspace(WS, "mode change") == 1

@@ -1,7 +1,7 @@
-"""The overview the queue page starts from (issue 14): workspaces and a workspace's sessions
-with their counts, paged. Against a real Valkey (and the cluster): every workspace once across
-the pages, the counts and waits of each status, busiest first, bad cursors refused, and a
-page's cost independent of the number of workspaces."""
+"""The overview the queue page starts from: workspaces and a workspace's sessions with their
+counts, paged. Against a real Valkey (and the cluster): every workspace once across the pages, the
+counts and waits of each status, busiest first, bad cursors refused, and a page's cost independent
+of the number of workspaces."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ async def test_a_delivery_in_flight_shows_how_long_it_and_the_blocked_have_waite
 async def test_a_session_in_turn_shows_how_long_its_turn_and_the_blocked_have_lasted(
     client: Client,
 ) -> None:
-    # The agent works on a delivered prompt (issue 23): the session's lock holds the turn, not
+    # The agent works on a delivered prompt (a turn): the session's lock holds the turn, not
     # a delivery's token, so "blocked for" is the turn's age, not the lock's (it read 0 s).
     clock = ManualClock()
     outbox = Outbox(client, FAST, clock=clock)
@@ -257,7 +257,7 @@ async def _read(client: Client, page: Any) -> tuple[dict[str, int], int]:
 async def test_a_pages_reads_do_not_grow_with_the_bytes_held(
     outbox: Outbox, client: Client
 ) -> None:
-    # Red-team hole 2: one page read every entry of a workspace (102 MB held: serve 78 ->
+    # docs/security.md: one page read every entry of a workspace (102 MB held: serve 78 ->
     # 272 MB for a 177-byte answer). Now a page reads what the scripts keep: its commands and
     # the bytes Valkey sends are the same for 12 entries of a few bytes as of ~600 kB each.
     if isinstance(client, ValkeyCluster):
@@ -280,7 +280,7 @@ async def test_a_pages_reads_do_not_grow_with_the_bytes_held(
 
 
 async def test_the_counts_read_no_entry(outbox: Outbox, client: Client) -> None:
-    # Red-team hole 2b: /metrics (no token) and `stats` read every entry of every workspace.
+    # Likewise /metrics (no token) and `stats` read every entry of every workspace.
     end = await _fill(outbox, "big", BIG)
     await outbox.accept("other", "s", "u", "c", "x")
     assert await outbox.count_by_workspace() == {

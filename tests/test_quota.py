@@ -1,4 +1,4 @@
-"""The workspace quota (issue 22, finding 12): a workspace holds at most ``workspace_cap``
+"""The workspace quota (docs/security.md, finding 12): a workspace holds at most ``workspace_cap``
 entries over all its sessions. accept.lua refuses past it in O(1), from a count every session
 script keeps exact (lib.lua ``count``), with nothing written; the API answers 429
 ``workspace_full`` with Retry-After."""

@@ -1,8 +1,7 @@
-"""Round trips per delivered prompt (issue 12): with OnDelivered wired, a session's backlog
-costs the accept's one, then a stage and a complete per prompt: the complete also answers the
-next step (no acquire per entry), and the next stage forgets the OnDelivered call that ran (no
-call of its own). Counted at the client, where one write to the socket is one round trip; no
-timing is measured."""
+"""Round trips per delivered prompt: with OnDelivered wired, a session's backlog costs the
+accept's one, then a stage and a complete per prompt: the complete also answers the next step (no
+acquire per entry), and the next stage forgets the OnDelivered call that ran (no call of its own).
+Counted at the client, where one write to the socket is one round trip; no timing is measured."""
 
 from __future__ import annotations
 

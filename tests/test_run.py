@@ -276,7 +276,7 @@ async def test_stopping_mid_delivery_joins_it_and_leaves_no_task(outbox: Outbox,
 
 
 async def test_seeded_go_entries_are_delivered_as_written(outbox: Outbox) -> None:
-    """seed_entry_for_test (the seed's SeedEntryForTest): a queue written by the Go service,
+    """seed_entry_for_test (the contract's SeedEntryForTest): a queue written by the Go service,
     with its nanosecond times and raw model, is delivered in order with the model intact."""
     first = (
         '{"id":"go-1","clientMessageID":"c1","userID":"u","text":"one","model":[],'

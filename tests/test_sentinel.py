@@ -1,10 +1,10 @@
-"""Valkey Sentinel (issue 24 point 4): serve and a worker on a ``valkey+sentinel://`` URL
-follow a failover. A primary and two replicas watched by three sentinels (tests/sentinel.py);
-four clients accept into a session each, under ``--accept-durability replica``; the primary
-is SIGKILLed; the sentinels promote a replica. Each accept answers 2xx or 503 within its
-bound (never hangs), 503s only from the kill until the switch is over, and every
-acknowledged prompt is delivered, once, in its session's order: the worker found it on the
-promoted replica (the dead primary cannot serve it)."""
+"""Valkey Sentinel: serve and a worker on a ``valkey+sentinel://`` URL follow a failover. A
+primary and two replicas watched by three sentinels (tests/sentinel.py); four clients accept into
+a session each, under ``--accept-durability replica``; the primary is SIGKILLed; the sentinels
+promote a replica. Each accept answers 2xx or 503 within its bound (never hangs), 503s only from
+the kill until the switch is over, and every acknowledged prompt is delivered, once, in its
+session's order: the worker found it on the promoted replica (the dead primary cannot serve
+it)."""
 
 from __future__ import annotations
 

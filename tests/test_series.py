@@ -1,8 +1,8 @@
-"""The queue page's time series and a session's history (issue 24, point 9): the scripts count
-accepted, delivered and failed prompts per minute and record the oldest pending entry in a
-bounded ring (``lua/lib.lua`` series); ``Overview.series`` carries the oldest forward over
-quiet minutes; ``Overview.history`` reads delivered prompts and their turns from the event log.
-Against a real Valkey (and the cluster: the ring key is named inside the scripts)."""
+"""The queue page's time series and a session's history: the scripts count accepted, delivered and
+failed prompts per minute and record the oldest pending entry in a bounded ring (``lua/lib.lua``
+series); ``Overview.series`` carries the oldest forward over quiet minutes; ``Overview.history``
+reads delivered prompts and their turns from the event log. Against a real Valkey (and the
+cluster: the ring key is named inside the scripts)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Tunables: every combination of the seed's knobs that the seed allows constructs; our own
-knobs follow theirs unless set; a bad value the caller set is refused, naming that field."""
+"""Tunables: every combination of the contract's knobs that the contract allows constructs; our
+own knobs follow theirs unless set; a bad value the caller set is refused, naming that field."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from prompt_outbox import Tunables
 from prompt_outbox.core.settings import tunables_from_json
 
-# The seed's knobs (its package variables), as Tunables fields; lock_ttl is drawn apart: the
-# seed's one rule between them is LockTTL > DeliveryTimeout.
-SEED_COUNTS = ("max_attempts", "cap", "max_verify_attempts", "max_transient_failures")
-SEED_DURATIONS = (
+# The contract's knobs (its package variables), as Tunables fields; lock_ttl is drawn apart:
+# the contract's one rule between them is LockTTL > DeliveryTimeout.
+CONTRACT_COUNTS = ("max_attempts", "cap", "max_verify_attempts", "max_transient_failures")
+CONTRACT_DURATIONS = (
     "dedupe_ttl",
     "delivery_timeout",
     "retry_backoff",
@@ -30,13 +30,13 @@ seconds = st.floats(min_value=0.001, max_value=1e6, allow_nan=False, allow_infin
 
 
 @st.composite
-def seed_knobs(draw: st.DrawFn) -> dict[str, float | int]:
-    """Any subset of the seed's knobs, each any value the seed allows."""
+def contract_knobs(draw: st.DrawFn) -> dict[str, float | int]:
+    """Any subset of the contract's knobs, each any value the contract allows."""
     knobs: dict[str, float | int] = {}
-    for name in SEED_COUNTS:
+    for name in CONTRACT_COUNTS:
         if draw(st.booleans()):
             knobs[name] = draw(st.integers(min_value=1, max_value=10_000))
-    for name in SEED_DURATIONS:
+    for name in CONTRACT_DURATIONS:
         if draw(st.booleans()):
             knobs[name] = draw(seconds)
     if draw(st.booleans()):
@@ -45,14 +45,14 @@ def seed_knobs(draw: st.DrawFn) -> dict[str, float | int]:
     return knobs
 
 
-def test_the_issues_example_constructs() -> None:
-    # The seed's knobs only, obeying its rule: once refused over lease_ttl, never set.
+def test_the_documented_example_constructs() -> None:
+    # The contract's knobs only, obeying its rule: once refused over lease_ttl, never set.
     t = Tunables(delivery_timeout=2.0, lock_ttl=3.0)
     assert (t.lock_ttl, t.lease_ttl) == (3.0, 3.0)
 
 
-@given(seed_knobs())
-def test_every_combination_the_seed_allows_constructs(knobs: dict[str, float | int]) -> None:
+@given(contract_knobs())
+def test_every_combination_the_contract_allows_constructs(knobs: dict[str, float | int]) -> None:
     t = Tunables(**knobs)  # type: ignore[arg-type]
     for name, value in knobs.items():
         assert getattr(t, name) == value  # what the caller set is kept as set
@@ -71,7 +71,7 @@ def test_followers_follow_unless_set() -> None:
     assert (longer.lock_ttl, longer.lease_ttl, longer.hook_retry_after) == (1920.0, 30.0, 90.0)
     set_ = Tunables(delivery_timeout=1.0, lock_ttl=5.0, lease_ttl=2.0, hook_retry_after=31.0)
     assert (set_.lock_ttl, set_.lease_ttl, set_.hook_retry_after) == (5.0, 2.0, 31.0)
-    # A base above its cap is the seed's own behaviour (every delay is the cap), not an error.
+    # A base above its cap is the contract's own behaviour (every delay is the cap), not an error.
     assert Tunables(retry_backoff=300.0).max_backoff == 120.0
 
 

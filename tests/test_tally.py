@@ -1,11 +1,11 @@
-"""The tally the session scripts keep for the overview and the entry counts (red-team hole 2;
-lua/lib.lua, "the tally"): entries by status per session and per workspace, the oldest pending
-entry, the send start of the entry in flight. Against a real Valkey (and the cluster): it is
-what a recount of the lists gives after the transitions that move it (accept, stage,
-complete) and the ones that derive it; data from before it is counted by the session's next
-script; "oldest pending" is the first pending entry in line. (tests/test_quota.py walks every
-kind of transition at random against the same recount, and the model-based test checks it
-after every step.)"""
+"""The tally the session scripts keep for the overview and the entry counts (docs/security.md: the
+overview read every entry; lua/lib.lua, "the tally"): entries by status per session and per
+workspace, the oldest pending entry, the send start of the entry in flight. Against a real Valkey
+(and the cluster): it is what a recount of the lists gives after the transitions that move it
+(accept, stage, complete) and the ones that derive it; data from before it is counted by the
+session's next script; "oldest pending" is the first pending entry in line. (tests/test_quota.py
+walks every kind of transition at random against the same recount, and the model-based test checks
+it after every step.)"""
 
 from __future__ import annotations
 

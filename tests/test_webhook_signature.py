@@ -1,7 +1,7 @@
-"""The webhook signature, scheme v2 (issue 22, finding 6): it covers the timestamp, the
-workspace, the session, the entry ID and the body, and ``verify_signature`` refuses anything
-else with a WebhookSignatureError naming what failed. No server: the helper is pure; the
-deliverer's real deliveries are checked in tests/test_webhook.py."""
+"""The webhook signature, scheme v2 (docs/security.md, finding 6): it covers the timestamp, the
+workspace, the session, the entry ID and the body, and ``verify_signature`` refuses anything else
+with a WebhookSignatureError naming what failed. No server: the helper is pure; the deliverer's
+real deliveries are checked in tests/test_webhook.py."""
 
 from __future__ import annotations
 
@@ -256,8 +256,8 @@ def test_hostile_headers_give_only_the_typed_error(
     assert hdrs == headers()
 
 
-# A turn end (issue 23 point 4): a receiver ends a turn it handed back by signing the end with
-# the webhook secret, over a string of its own domain.
+# A turn end: a receiver ends a turn it handed back by signing the end with the webhook secret,
+# over a string of its own domain.
 
 TURN = "turn/1 \u00e9"  # any printable characters: a '/', a space, non-ASCII
 TURN_VECTOR = "v2=79270cb04fb7628a590286dd29a357b6b9336a233a516bc146a397cef1d91c12"

@@ -1,6 +1,7 @@
 """A workspace's keys: every key a script writes falls under one of the workspace's exact
 prefixes (core/keys.py WORKSPACE_KEY_PREFIXES), and cleanup deletes exactly those, never a
-neighbour's (issue 22, finding 3: ``outbox*:{acme}*`` also matched ``outboxq:{other}:{acme}``)."""
+neighbour's (docs/security.md, finding 3: ``outbox*:{acme}*`` also matched
+``outboxq:{other}:{acme}``)."""
 
 from __future__ import annotations
 
@@ -162,8 +163,8 @@ async def test_cleanup_deletes_exactly_its_workspace_and_no_neighbour(
 
 
 async def test_what_a_writer_adds_during_a_pass_is_taken_by_the_next(client: Client) -> None:
-    # A delivery under way may write once more behind the first pass's SCAN (red-team
-    # hole 6: pieces of a deleted workspace stayed, one with no expiry).
+    # A delivery under way may write once more behind the first pass's SCAN (docs/security.md,
+    # a cleanup racing deliveries: pieces of a deleted workspace stayed, one with no expiry).
     late = SessionKeys("acme", "late").queue
 
     class Racing(Walk):

@@ -1,5 +1,6 @@
-"""A pure-Python reference model of the seed's state machine for one session, written from
-the seed's rules (not from machine.py), for the model-based test to compare against."""
+"""A pure-Python reference model of the contract's state machine for one session, written from the
+contract's rules (docs/contract.md; not from machine.py), for the model-based test to compare
+against."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class MEntry:
 
 
 def backoff(base: float, cap: float, n: int) -> float:
-    """The seed: a BASE delay that doubles per failure and caps."""
+    """The contract's backoff: a BASE delay that doubles per failure and caps."""
     return min(cap, base * 2 ** (n - 1))
 
 

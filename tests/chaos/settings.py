@@ -28,7 +28,7 @@ WEBHOOK_TIMEOUT = 1.0
 WORKER_SOCKET_TIMEOUT = 5.0  # a worker's Valkey command gives up after this long
 AGENT_STALL = 1.5  # past the webhook timeout: an ambiguous send the agent DID record
 
-# The agent's fates: every class of the seed, recorded and not.
+# The agent's fates: every outcome class of the contract, recorded and not.
 CHAOS_FAULTS = {
     "ok": 0.70,
     "cut_before_recording": 0.05,

@@ -1,7 +1,7 @@
-"""Scenario 6 (issue 11 point 5): failover. A primary with one replica, both from the bundled
-binary, AOF on, ``appendfsync everysec`` (so that ``WAITAOF`` matters), and a 3-master cluster
-with one replica per master. Nothing is delivered before a failover, so a second delivery
-could only come from the failover itself.
+"""The failover scenario (docs/reliability.md, "The scenarios"). A primary with one replica,
+both from the bundled binary, AOF on, ``appendfsync everysec`` (so that ``WAITAOF`` matters),
+and a 3-master cluster with one replica per master. Nothing is delivered before a failover, so a
+second delivery could only come from the failover itself.
 
 1. Standalone, ``replica``: concurrent clients (one task per session) accept for a while; the
    client task that gets an acknowledgement SIGKILLs the primary at once, while the others
