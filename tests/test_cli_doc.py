@@ -65,3 +65,14 @@ def test_every_environment_variable_named_in_the_doc_exists() -> None:
     named = set(re.findall(r"\bPROMPT_OUTBOX_[A-Z0-9_]+", DOC))
     # Read by the code itself, not by an option: the webhook secret's default variable.
     assert named - every - {"PROMPT_OUTBOX_WEBHOOK_SECRET"} == set()
+
+
+def test_no_help_text_shows_markup() -> None:
+    # click prints a command's docstring as it is: reST's ``code`` would reach the terminal.
+    shown = [
+        (name, text)
+        for name, command in {"": main, **COMMANDS}.items()
+        for text in (command.help, *(getattr(p, "help", None) for p in command.params))
+        if text and "``" in text
+    ]
+    assert shown == []

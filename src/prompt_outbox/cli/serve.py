@@ -379,9 +379,9 @@ def worker(
     strict_durability: bool,
     **delivery: str | float | None,
 ) -> None:
-    """Deliver only (no API): an extra replica beside ``serve``, on the same Valkey.
+    """Deliver only (no API): an extra replica beside serve, on the same Valkey.
 
-    Without --valkey-url it joins the embedded Valkey a ``serve`` runs on --data-dir.
+    Without --valkey-url it joins the embedded Valkey a serve runs on --data-dir.
     """
     chosen = build_delivery(**delivery)  # type: ignore[arg-type]
     if chosen is None:
@@ -403,7 +403,7 @@ def worker(
 
 @click.command()
 def openapi() -> None:
-    """Print the HTTP API's OpenAPI document (JSON), as ``serve`` answers ``/openapi.json``.
+    """Print the HTTP API's OpenAPI document (JSON), as serve answers /openapi.json.
 
     The TypeScript client's types are generated from it (clients/typescript)."""
     # The document depends on the routes only: an outbox whose client never connects will do.

@@ -84,7 +84,7 @@ def _replace(path: Path, text: str) -> None:
 
 @click.group()
 def tokens() -> None:
-    """Manage a token file (``serve --tokens``)."""
+    """Manage a token file (serve --tokens)."""
 
 
 @tokens.command("add")
