@@ -12,7 +12,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from prompt_outbox.webhook import WebhookSignatureError, verify_signature
 
-SECRET = os.environ["PROMPT_OUTBOX_WEBHOOK_SECRET"]
+SECRET = os.environ.get("PROMPT_OUTBOX_WEBHOOK_SECRET") or sys.exit(
+    "set PROMPT_OUTBOX_WEBHOOK_SECRET to the secret serve signs with (its --webhook-secret)"
+)
 PORT = int(sys.argv[1]) if len(sys.argv) > 1 else 9000
 
 

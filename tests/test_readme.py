@@ -55,6 +55,19 @@ def _block(lang: str, first_line: str) -> str:
     return block
 
 
+def test_the_stand_in_agent_without_its_secret_says_what_to_set() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PROMPT_OUTBOX_WEBHOOK_SECRET"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "webhook_agent.py"), "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("set PROMPT_OUTBOX_WEBHOOK_SECRET")
+
+
 def test_readme_service_quickstart_is_the_shell_file() -> None:
     script = (ROOT / "examples" / "quickstart.sh").read_text()
     assert _block("sh", "# A token file") == script
