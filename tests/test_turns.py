@@ -1,7 +1,7 @@
-"""Long agent turns (DESIGN.md §8, core/turns.py): a deliverer hands back a Turn, the session
-stays held in turn by a record in Valkey (no worker task, slot or request), and its next entry
-is sent only after the turn ends: through ``Outbox.end_turn``, a TurnWatcher, a check with the
-agent, or the ceiling. Against a real Valkey (and the cluster), across Outbox instances as
+"""Long agent turns (docs/design.md, "Turns"; core/turns.py): a deliverer hands back a Turn, the
+session stays held in turn by a record in Valkey (no worker task, slot or request), and its next
+entry is sent only after the turn ends: through ``Outbox.end_turn``, a TurnWatcher, a check with
+the agent, or the ceiling. Against a real Valkey (and the cluster), across Outbox instances as
 across processes. tests/test_opencode_turns.py has it against a real opencode."""
 
 from __future__ import annotations

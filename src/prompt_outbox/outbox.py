@@ -357,7 +357,7 @@ class Outbox:
                 await loop.stop()
 
     async def end_turn(self, workspace_id: str, session_id: str, turn_id: str) -> TurnEnd:
-        """End the session's turn of that ID (DESIGN.md §8): its next entry is then sent.
+        """End the session's turn of that ID (docs/design.md, "Turns"): its next entry is then sent.
         ``ended`` False when it holds no such turn (unknown, or over: a second call is fine)."""
         return await self._engine.turns.end(session_keys(workspace_id, session_id), turn_id)
 

@@ -26,8 +26,9 @@ class History:
     sends: int = 0  # deliverer calls, every worker together
     final: dict[str, list[Entry]] = field(default_factory=dict)  # session -> List at the end
     faults: Counter[str] = field(default_factory=Counter)  # what was injected, by kind
-    # Prompts that reached the agent while a turn of their session ran (DESIGN.md §8); None
-    # where the agent has no turns to count in (it answers each prompt when it is done).
+    # Prompts that reached the agent while a turn of their session ran (docs/design.md,
+    # "Turns"); None where the agent has no turns to count in (it answers each prompt when it
+    # is done).
     sent_in_turn: int | None = None
 
 

@@ -1,4 +1,5 @@
-"""The end of a turn (DESIGN.md §8): ``POST /v1/workspaces/{ws}/sessions/{ses}/turns/{turn}/end``.
+"""The end of a turn: ``POST /v1/workspaces/{ws}/sessions/{ses}/turns/{turn}/end`` (docs/design.md,
+"Turns").
 
 A deliverer that hands back a turn (a webhook receiver's 202 ``{"turn": id}``) holds the
 session until the turn ends; this route ends it (``Outbox.end_turn``), and the session's next

@@ -27,10 +27,10 @@ TURN_ID_MAX = 200
 @dataclass(frozen=True, slots=True)
 class Turn:
     """What a deliverer returns when the agent has the prompt and its turn goes on
-    (DESIGN.md §8): the entry is delivered at once (OnDelivered fires), and the session stays
-    held *in turn*, by a record in Valkey and no worker, until the turn ends (``Outbox.end_turn``,
-    a ``TurnWatcher``, or the ceiling). ``id`` names the turn to whoever ends it: 1-200
-    printable characters (the agent's message ID, a receiver's turn ID)."""
+    (docs/design.md, "Turns"): the entry is delivered at once (OnDelivered fires), and the
+    session stays held *in turn*, by a record in Valkey and no worker, until the turn ends
+    (``Outbox.end_turn``, a ``TurnWatcher``, or the ceiling). ``id`` names the turn to whoever
+    ends it: 1-200 printable characters (the agent's message ID, a receiver's turn ID)."""
 
     id: str
 

@@ -158,7 +158,7 @@ class Metrics:
             buckets=_DELIVERY_BUCKETS,
             registry=r,
         )
-        # Turns (DESIGN.md §8): held by no worker, so counted where they begin and end.
+        # Turns (docs/design.md, "Turns"): held by no worker, so counted where they begin and end.
         self.turns_started = Counter(
             "prompt_outbox_turns_started", "Deliveries whose agent turn went on.", registry=r
         )

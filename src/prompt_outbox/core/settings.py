@@ -94,9 +94,10 @@ class Tunables:
     idle_workspace_ttl: float = _HOUR
     bookkeeping_timeout: float = 30.0
     hook_retry_after: float = 0.0
-    # Ours: long agent turns (DESIGN.md §8). A turn nobody heard end is checked with the agent
-    # every turn_check_interval; one past turn_ceiling is checked, aborted if it still runs, and
-    # let go; while the agent cannot answer, the hold lasts at most turn_ceiling + turn_grace.
+    # Ours: long agent turns (docs/design.md, "Turns"). A turn nobody heard end is checked with
+    # the agent every turn_check_interval; one past turn_ceiling is checked, aborted if it still
+    # runs, and let go; while the agent cannot answer, the hold lasts at most turn_ceiling +
+    # turn_grace.
     turn_ceiling: float = 2 * _HOUR
     turn_check_interval: float = _MINUTE
     turn_grace: float = 10 * _MINUTE

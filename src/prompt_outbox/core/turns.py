@@ -1,4 +1,5 @@
-"""A session held in turn (DESIGN.md §8): the record in its lock, and what a check decides.
+"""A session held in turn: the record in its lock, and what a check decides (docs/design.md,
+"Turns").
 
 While the agent works on a delivered prompt, the session's lock holds
 ``turn:<check ms>:<record JSON>`` instead of a worker's token. No worker holds a task, a slot

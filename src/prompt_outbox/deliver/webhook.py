@@ -11,13 +11,14 @@ connection cut mid-request are ambiguous: the receiver may have acted, so the en
 verified, never blindly re-sent.
 
 A receiver that answers as soon as it has the prompt, while its agent works on, hands back a
-turn (DESIGN.md §8): **202** with a JSON object holding ``"turn"``, ``{"turn": "<id>"}``. The
-entry is then delivered and the session held in turn until the receiver ends it (the API's
-``POST .../turns/{turn}/end``, by token or signed with this secret), the verify URL says it
-ended, or the ceiling comes. A ``turn`` that is not a valid turn ID (1-200 printable
-characters) still makes a turn, named by the entry ID (logged): the receiver has the prompt,
-so holding the session is what keeps the next one out of a running turn. Any other 2xx (200,
-204, a 202 without ``"turn"``) is the blocking shape, as before: the turn is over.
+turn (docs/design.md, "Turns"): **202** with a JSON object holding ``"turn"``,
+``{"turn": "<id>"}``. The entry is then delivered and the session held in turn until the
+receiver ends it (the API's ``POST .../turns/{turn}/end``, by token or signed with this
+secret), the verify URL says it ended, or the ceiling comes. A ``turn`` that is not a valid
+turn ID (1-200 printable characters) still makes a turn, named by the entry ID (logged): the
+receiver has the prompt, so holding the session is what keeps the next one out of a running
+turn. Any other 2xx (200, 204, a 202 without ``"turn"``) is the blocking shape, as before: the
+turn is over.
 
 The optional verify URL answers ``GET {verify_url}?id=<entry id>`` with ``delivered``,
 ``absent`` or anything else (inconclusive), as plain text or JSON ``{"status": ...}``; and

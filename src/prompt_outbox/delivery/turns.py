@@ -1,4 +1,5 @@
-"""Sessions held in turn (DESIGN.md §8, core/turns.py): owning, checking and ending turns.
+"""Sessions held in turn (docs/design.md, "Turns"; core/turns.py): owning, checking and ending
+turns.
 
 No worker holds a turn with a task, a slot or a request: its record is the session's lock in
 Valkey. A running worker (``keeping``) owns the turns it starts: a record each in memory,
