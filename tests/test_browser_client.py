@@ -26,7 +26,7 @@ import pytest
 from devtools import npm, ts_client
 
 from prompt_outbox.embedded import free_port
-from tests.support.receiver import SECRET, Receiver, receiver
+from tests.support.agent import SECRET, Agent
 from tests.support.serve import service, wait_healthy
 from tests.support.tools import unavailable
 
@@ -68,12 +68,12 @@ def bundle() -> bytes:
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[tuple[str, Receiver]]:
+def stack(tmp_path: Path) -> Iterator[tuple[str, Agent]]:
     """A serve with auth on, delivering to a recording agent; its origin and the agent."""
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({"tokens": [{"token": TOKEN, "user": "u", "workspaces": [WS]}]}))
     port = free_port()
-    with receiver() as agent:
+    with Agent() as agent:
         args = ["--port", str(port), "--data-dir", str(tmp_path / "data"), "--tokens", str(tokens)]
         args += ["--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
         with service(args, {"PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}):
@@ -93,7 +93,7 @@ def _queue(origin: str) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(120)
 def test_a_reload_before_the_answer_then_resume_pending_delivers_once(
-    bundle: bytes, stack: tuple[str, Receiver]
+    bundle: bytes, stack: tuple[str, Agent]
 ) -> None:
     from playwright.sync_api import Route, sync_playwright
 
@@ -174,4 +174,4 @@ def test_a_reload_before_the_answer_then_resume_pending_delivers_once(
     time.sleep(0.3)  # a second delivery would come now
     assert agent.ids() == [entry_id], "delivered exactly once"
     [delivery] = agent.received
-    assert json.loads(delivery["body"])["text"] == "hello from the page"  # type: ignore[arg-type]
+    assert delivery.text == "hello from the page"

@@ -21,7 +21,7 @@ from prompt_outbox.cli import main
 from prompt_outbox.core.keys import session_keys
 from prompt_outbox.embedded import EmbeddedValkey, free_port, running_url
 from tests.agents import ScriptedAgent
-from tests.support.receiver import SECRET, receiver
+from tests.support.agent import SECRET, Agent
 from tests.support.serve import BIN, service, wait_healthy
 from tests.support.tunables import FAST
 
@@ -109,7 +109,7 @@ def test_worker_joins_the_embedded_valkey_that_serve_runs(tmp_path: Path) -> Non
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert [e["id"] for e in json.loads(listed.stdout)["entries"]] == ids
-        with receiver() as agent:
+        with Agent() as agent:
             worker = subprocess.Popen(
                 [BIN, "worker", "--data-dir", str(data), "--webhook-url", agent.url],
                 env={**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()},

@@ -37,8 +37,8 @@ from prompt_outbox.outbox import Outbox
 from prompt_outbox.storage.compat import valkey_server_binary
 from prompt_outbox.storage.connect import connect
 from tests.replication import halt, wait_until
+from tests.support.agent import SECRET, Agent
 from tests.support.processes import process_group
-from tests.support.receiver import SECRET, Receiver, receiver
 from tests.support.serve import wait_healthy
 from tests.support.tools import tool
 
@@ -95,7 +95,7 @@ def accept(port: int, ws: str, ses: str = "s1") -> str:
     return str(r.json()["id"])
 
 
-def delivered(agent: Receiver, entry_id: str) -> None:
+def delivered(agent: Agent, entry_id: str) -> None:
     wait_until(lambda: entry_id in agent.ids(), 30, f"delivery of {entry_id}")
 
 
@@ -114,8 +114,8 @@ def accept_directly(url: str, ws: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def agent() -> Iterator[Receiver]:
-    with receiver() as rec:
+def agent() -> Iterator[Agent]:
+    with Agent() as rec:
         yield rec
 
 
@@ -346,7 +346,7 @@ def _cluster_ok(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def compose_cluster(
-    tmp_path_factory: pytest.TempPathFactory, agent: Receiver
+    tmp_path_factory: pytest.TempPathFactory, agent: Agent
 ) -> Iterator[ComposeCluster]:
     raw = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     doc = interpolate(raw, {**COMPOSE_ENV, "WEBHOOK_URL": agent.url})
@@ -392,7 +392,7 @@ def test_compose_file_names_its_images_and_publishes_on_loopback() -> None:
 
 
 def test_compose_serve_and_two_workers_deliver_on_its_cluster(
-    compose_cluster: ComposeCluster, image: Image, agent: Receiver, tokens: Path, tmp_path: Path
+    compose_cluster: ComposeCluster, image: Image, agent: Agent, tokens: Path, tmp_path: Path
 ) -> None:
     """serve and two workers with the compose file's command and environment over the image's,
     on the cluster its own node options and init command made: an HTTP accept is delivered;
@@ -514,7 +514,7 @@ def container_env(container: dict[str, Any], secrets: dict[tuple[str, str], str]
 
 
 def test_k8s_serve_and_worker_run_and_their_probes_answer(
-    compose_cluster: ComposeCluster, image: Image, agent: Receiver, tokens: Path, tmp_path: Path
+    compose_cluster: ComposeCluster, image: Image, agent: Agent, tokens: Path, tmp_path: Path
 ) -> None:
     """The serve and worker containers' command and env (over the image's), the Secrets'
     values those of this test: serve answers 200 on every probe path, an accept is delivered,
@@ -615,7 +615,7 @@ def test_systemd_unit_verifies_and_is_hardened(name: str, tmp_path: Path) -> Non
     assert settings["ExecStart"].startswith(UNIT_BIN + " ")
 
 
-def test_systemd_serve_exec_start_runs(agent: Receiver, tokens: Path, tmp_path: Path) -> None:
+def test_systemd_serve_exec_start_runs(agent: Agent, tokens: Path, tmp_path: Path) -> None:
     """serve's ExecStart with the unit's environment and serve.env.example: the token file
     from the credentials directory (%d), the embedded Valkey in the state directory (%S)."""
     settings = dict(unit("prompt-outbox.service"))
@@ -641,7 +641,7 @@ def test_systemd_serve_exec_start_runs(agent: Receiver, tokens: Path, tmp_path: 
 
 
 def test_systemd_worker_exec_start_runs_and_needs_a_valkey_url(
-    compose_cluster: ComposeCluster, agent: Receiver, tmp_path: Path
+    compose_cluster: ComposeCluster, agent: Agent, tmp_path: Path
 ) -> None:
     settings = dict(unit("prompt-outbox-worker@.service"))
     pre = shlex.split(settings["ExecStartPre"])

@@ -41,8 +41,8 @@ from prompt_outbox.cli.heads import (
 from prompt_outbox.cli.stalls import HeadClock
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 from tests.replication import ReplicatedPair
+from tests.support.agent import SECRET, Agent
 from tests.support.api import ALICE, OPS, TOKENS, URL
-from tests.support.receiver import SECRET, receiver
 from tests.support.serve import BIN, service, wait_healthy
 
 pytest_plugins = ["tests.replication_fixtures"]
@@ -680,7 +680,7 @@ def test_a_delivery_outlasting_the_deadline_is_not_cut(tmp_path: Path) -> None:
     port = free_port()
     args = ["--no-auth", "--port", str(port), "--data-dir", str(tmp_path / "data")]
     timing = ["--durability-timeout", "0.5", "--request-deadline", "1"]
-    with receiver() as agent:
+    with Agent() as agent:
         agent.actions.append("hang")
         hook = ["--webhook-url", agent.url]
         with service([*args, *timing, *hook], {"PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}):

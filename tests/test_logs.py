@@ -19,8 +19,8 @@ from prompt_outbox.core.logctx import log_context, log_fields
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.shardsub import ShardSubscriber
 from prompt_outbox.storage.topology import topology_of
+from tests.support.agent import SECRET, Agent
 from tests.support.logs import logged_service
-from tests.support.receiver import SECRET, receiver
 from tests.support.waiting import eventually, holds
 
 WS = "acme"
@@ -48,7 +48,7 @@ def test_json_logs_name_each_delivery_and_failed_for_good_is_a_warning(tmp_path:
     args = ["--data-dir", str(tmp_path / "data"), "--log-format", "json", "--access-log"]
     args += ["--tunables", '{"max_attempts": 1}']
     env = {"PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}
-    with receiver() as agent, logged_service([*args, "--webhook-url", agent.url], log, env) as port:
+    with Agent() as agent, logged_service([*args, "--webhook-url", agent.url], log, env) as port:
         agent.actions = [400]  # definitive, and one attempt allowed: error at once
         base = f"http://127.0.0.1:{port}/v1/workspaces/{WS}/sessions"
         failed = httpx.post(f"{base}/s-fail/prompts", json={"clientMessageID": "m1", "text": "x"})

@@ -14,7 +14,7 @@ import httpx
 
 from prompt_outbox.embedded import EmbeddedValkey, free_port
 from tests.cluster import LocalCluster
-from tests.support.receiver import SECRET, receiver
+from tests.support.agent import SECRET, Agent
 from tests.support.serve import BIN, post_five, service, wait_delivered_in_order, wait_healthy
 
 
@@ -28,7 +28,7 @@ def test_sigkill_the_service_and_restart_loses_nothing(tmp_path: Path) -> None:
         ids = post_five(url)
         os.killpg(proc.pid, signal.SIGKILL)  # the whole service, Valkey included
         proc.wait()
-    with receiver() as agent:
+    with Agent() as agent:
         args = [*base, "--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
         with service(args, {"PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}) as proc:
             wait_healthy(port)
@@ -67,7 +67,7 @@ def test_serve_and_a_worker_on_a_cluster_url_deliver_in_order(
     cluster = ["--valkey-url", valkey_cluster.url]
     ws = f"acme-{secrets.token_hex(4)}"  # the cluster is shared: other tests' entries stay
     url = f"http://127.0.0.1:{port}/v1/workspaces/{ws}/sessions/chat-1/prompts"
-    with receiver() as agent, service([*cluster, "--no-auth", "--port", str(port)]):
+    with Agent() as agent, service([*cluster, "--no-auth", "--port", str(port)]):
         wait_healthy(port)
         ids = post_five(url)
         stats = subprocess.run(

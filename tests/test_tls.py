@@ -20,8 +20,8 @@ import valkey
 from prompt_outbox.embedded import free_port
 from prompt_outbox.storage.connect import TLSFiles, connect
 from prompt_outbox.storage.durability import durability_problems
+from tests.support.agent import Agent
 from tests.support.failover import process
-from tests.support.receiver import receiver
 from tests.support.serve import BIN, post_five, wait_delivered_in_order, wait_healthy
 from tests.support.tools import tool  # skipped without it here, a failure on CI
 from tests.support.waiting import eventually
@@ -121,7 +121,7 @@ def test_serve_and_a_worker_deliver_over_tls_as_an_acl_user(
     port = free_port()
     valkey_args = ["--valkey-url", tls_server.url(), "--valkey-ca-file", str(tls_server.ca)]
     url = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions/tls-1/prompts"
-    with receiver() as agent:
+    with Agent() as agent:
         serve = ["serve", *valkey_args, "--no-auth", "--port", str(port)]
         with process(serve, tmp_path / "serve.log"):
             wait_healthy(port)

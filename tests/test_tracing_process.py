@@ -18,7 +18,7 @@ import httpx
 
 from prompt_outbox.cli.otel import traces_asked
 from prompt_outbox.embedded import EmbeddedValkey, free_port
-from tests.support.receiver import SECRET, receiver
+from tests.support.agent import SECRET, Agent
 from tests.support.serve import BIN, wait_healthy
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -60,7 +60,7 @@ def test_serve_prints_a_trace_joining_an_accept_and_its_delivery(tmp_path: Path)
         "OTEL_BSP_SCHEDULE_DELAY": "50",  # ms: the batch goes out at once, not after 5 s
         "PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode(),
     }
-    with receiver() as agent:
+    with Agent() as agent:
         args = ["serve", "--no-auth", "--port", str(port), "--data-dir", str(tmp_path)]
         args += ["--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
         proc = subprocess.Popen(
@@ -93,10 +93,9 @@ def test_serve_prints_a_trace_joining_an_accept_and_its_delivery(tmp_path: Path)
     assert accept["attributes"]["prompt_outbox.entry"] == r.json()["id"]
     assert accept["resource"]["attributes"]["service.name"] == "outbox-under-test"
     # The agent's request carries the send span's context (its own spans can join).
-    sent = agent.received[0]["headers"]
-    assert isinstance(sent, dict)
+    sent = agent.received[0].headers
     assert sent["traceparent"].startswith(f"00-{TRACE_ID}-{send['context']['span_id'][2:]}-")
-    assert b"traceparent" not in agent.received[0]["body"]  # type: ignore[operator]
+    assert b"traceparent" not in agent.received[0].body
 
 
 # A process of its own: OpenTelemetry's packages (all of them first; then the extra's only, as

@@ -29,9 +29,9 @@ from prompt_outbox.webhook import (
     turn_end_headers,
     turn_end_path,
 )
+from tests.support.agent import SECRET as HOOK_SECRET
+from tests.support.agent import Agent
 from tests.support.api import ALICE, TOKENS, serve
-from tests.support.receiver import SECRET as HOOK_SECRET
-from tests.support.receiver import receiver
 from tests.support.serve import service, wait_healthy
 
 SECRET = b"hook-secret"
@@ -246,7 +246,7 @@ def test_serve_holds_a_webhook_session_in_turn_until_the_end_route(tmp_path: Pat
     tokens.chmod(0o600)
     base = f"http://127.0.0.1:{port}"
     prompts = f"{base}/v1/workspaces/{WS}/sessions/{SES}/prompts"
-    with receiver() as agent:
+    with Agent() as agent:
         agent.actions = [(202, b'{"turn": "turn A/1"}'), (202, b'{"turn": "turn-B"}')]
         args = ["--tokens", str(tokens), "--port", str(port), "--data-dir", str(tmp_path / "d")]
         args += ["--webhook-url", agent.url]
@@ -268,8 +268,7 @@ def test_serve_holds_a_webhook_session_in_turn_until_the_end_route(tmp_path: Pat
 
                 turn_a = turn_end_path(WS, SES, "turn A/1")
                 [got] = agent.received
-                sent = got["headers"]
-                assert isinstance(sent, dict)
+                sent = got.headers
                 signing = (TIMESTAMP_HEADER, SIGNATURE_HEADER)
                 captured = {k: v for k, v in sent.items() if k in signing}
                 assert len(captured) == 2

@@ -26,13 +26,11 @@ import json
 import os
 import re
 import subprocess
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -40,6 +38,7 @@ from devtools import npm, ui
 
 from prompt_outbox.embedded import free_port
 from prompt_outbox.webhook import turn_end_path
+from tests.support.agent import SECRET, Agent, Answer, Post
 from tests.support.serve import service, wait_healthy
 from tests.support.tools import unavailable
 
@@ -77,7 +76,7 @@ def test_the_committed_bundle_is_what_the_sources_build(tmp_path: Path) -> None:
         )
 
 
-def test_ui_is_served_with_its_csp_and_slash_redirects(stack: tuple[str, Agent]) -> None:
+def test_ui_is_served_with_its_csp_and_slash_redirects(stack: tuple[str, DrivenAgent]) -> None:
     origin, _ = stack
     with httpx.Client(base_url=origin) as http:
         page = http.get("/ui/")  # no token: the page asks for one
@@ -125,91 +124,34 @@ def _git_ignores(path: Path) -> bool:
 # ---------------------------------------------------------------- the agent the test drives
 
 
-@dataclass
-class Agent:
-    """A webhook agent: ``hold*`` texts wait for ``release``; ``fail*`` texts get 400 while
-    ``failing``; sessions in ``stuck`` get 429; ``turn*`` texts are recorded and answered 202
-    with the turn ``turn_id`` (its verify URL says ``running`` for it until ``turns`` drops
-    it); everything else is recorded and answered 200."""
+class DrivenAgent(Agent):
+    """The webhook agent the page test drives: ``hold*`` texts are held until ``released``;
+    ``fail*`` texts get 400 while ``failing``; sessions in ``stuck`` get 429; ``turn*`` texts
+    are recorded and answered 202 with the turn ``turn_id`` (its verify URL says ``running``
+    for it until ``turns`` drops it); everything else is recorded and answered 200."""
 
-    failing: bool = True
-    turn_id: str = "turn-1"
-    turns: set[str] = field(default_factory=set)  # the turns running
-    stuck: set[str] = field(default_factory=set)
-    release: threading.Event = field(default_factory=threading.Event)
-    delivered: list[tuple[str, str]] = field(default_factory=list)  # (entry ID, text)
-    port: int = 0
+    def __init__(self) -> None:
+        super().__init__(plain_verify=True)
+        self.failing = True
+        self.turn_id = "turn-1"
+        self.stuck: set[str] = set()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    @property
-    def verify_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/verify"
-
-    def ids(self) -> list[str]:
-        return [i for i, _ in self.delivered]
-
-
-@contextlib.contextmanager
-def driven_agent() -> Iterator[Agent]:
-    agent = Agent()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            entry = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            text, session = entry["text"], self.headers.get("X-Prompt-Outbox-Session", "")
-            if session in agent.stuck:
-                self._answer(429)
-                return
-            if text.startswith("fail") and agent.failing:
-                self._answer(400)
-                return
-            if text.startswith("hold"):
-                agent.release.wait(30)
-            agent.delivered.append((entry["id"], text))
-            if text.startswith("turn"):
-                agent.turns.add(agent.turn_id)
-                self._answer(202, json.dumps({"turn": agent.turn_id}).encode())
-                return
-            self._answer(200)
-
-        def do_GET(self) -> None:
-            query = parse_qs(urlparse(self.path).query)
-            if "turn" in query:  # a turn check: ours say running while they do
-                running = query["turn"][0] in agent.turns
-                self._answer(200, b"running" if running else b"ended")
-                return
-            entry_id = query.get("id", [""])[0]
-            self._answer(200, b"delivered" if entry_id in agent.ids() else b"absent")
-
-        def _answer(self, status: int, body: bytes = b"{}") -> None:
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    agent.port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield agent
-    finally:
-        agent.release.set()
-        server.shutdown()
-        server.server_close()
+    def answer(self, post: Post) -> Answer:
+        if post.session in self.stuck:
+            return Answer(429, record=False)
+        if post.text.startswith("fail") and self.failing:
+            return Answer(400, record=False)
+        if post.text.startswith("turn"):
+            self.turns[self.turn_id] = "running"
+            return Answer(202, json.dumps({"turn": self.turn_id}).encode())
+        return Answer(hold=post.text.startswith("hold"))
 
 
 # ---------------------------------------------------------------- the page in Chromium
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Agent]]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, DrivenAgent]]:
     """A serve with auth on (a user token for acme and beta, an admin token) and short
     tunables, delivering to the driven agent; its origin and the agent."""
     tmp = tmp_path_factory.mktemp("ui")
@@ -225,11 +167,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Agent
         )
     )
     port = free_port()
-    with driven_agent() as agent:
+    with DrivenAgent() as agent:
         args = ["--port", str(port), "--data-dir", str(tmp / "data"), "--tokens", str(tokens)]
         args += ["--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
         args += ["--tunables", json.dumps(TUNABLES)]
-        with service(args, {"PROMPT_OUTBOX_WEBHOOK_SECRET": "ui-test-secret"}):
+        with service(args, {"PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}):
             wait_healthy(port)
             yield f"http://127.0.0.1:{port}", agent
 
@@ -341,12 +283,13 @@ def confirm(page: Page) -> None:
 
 
 def test_the_queue_follows_deliveries_and_its_actions_work(
-    stack: tuple[str, Agent], browser: Browser
+    stack: tuple[str, DrivenAgent], browser: Browser
 ) -> None:
     from playwright.sync_api import expect
 
     origin, agent = stack
-    agent.failing, agent.release = True, threading.Event()
+    agent.failing = True
+    agent.released.clear()
     with opened(browser) as (page, seen):
         notice = page.locator("#notice")
         page.goto(f"{origin}/")  # redirected to the page, which asks for a token
@@ -392,7 +335,7 @@ def test_the_queue_follows_deliveries_and_its_actions_work(
         expect(notice).not_to_contain_text("gone")
         expect(card(page, failing)).to_have_count(1)
 
-        agent.release.set()  # the held one is delivered; the next one is refused: error
+        agent.released.set()  # the held one is delivered; the next one is refused: error
         expect(card(page, held)).to_have_count(0)
         expect(card(page, failing).locator(".pill")).to_have_text("error")
         expect(card(page, failing).locator(".last-error")).to_contain_text("400")
@@ -475,7 +418,9 @@ def first_event(origin: str, ws: str, ses: str) -> tuple[str, str]:
     return "\n".join(lines) + "\n", event_id
 
 
-def test_a_broken_stream_resumes_by_its_id(stack: tuple[str, Agent], browser: Browser) -> None:
+def test_a_broken_stream_resumes_by_its_id(
+    stack: tuple[str, DrivenAgent], browser: Browser
+) -> None:
     from playwright.sync_api import Route, expect
 
     origin, agent = stack
@@ -508,7 +453,7 @@ def test_a_broken_stream_resumes_by_its_id(stack: tuple[str, Agent], browser: Br
 
 
 def test_an_admin_parks_unparks_and_sweeps_a_workspace(
-    stack: tuple[str, Agent], browser: Browser
+    stack: tuple[str, DrivenAgent], browser: Browser
 ) -> None:
     from playwright.sync_api import expect
 
@@ -548,7 +493,7 @@ def test_an_admin_parks_unparks_and_sweeps_a_workspace(
 
 
 def test_a_session_in_turn_is_a_state_of_its_own(
-    stack: tuple[str, Agent], browser: Browser
+    stack: tuple[str, DrivenAgent], browser: Browser
 ) -> None:
     """Issue 23: the agent works on a delivered prompt (202 {"turn"}), the session is held in
     turn. The page says so over the queue, with the turn's ID (hostile: shown as text), from
@@ -617,7 +562,7 @@ def test_a_session_in_turn_is_a_state_of_its_own(
         expect(waiting).to_have_count(1)
         assert agent.ids()[-1] == first, "nothing sent during the turn"
 
-        agent.turns.discard(turn_id)
+        agent.turns.pop(turn_id)
         r = httpx.post(
             origin + turn_end_path(ws, ses, turn_id), headers={"Authorization": f"Bearer {USER}"}
         )
@@ -639,7 +584,7 @@ def test_a_session_in_turn_is_a_state_of_its_own(
 
 
 def test_a_reset_in_turn_shows_how_long_and_why_it_is_still_held(
-    stack: tuple[str, Agent], browser: Browser
+    stack: tuple[str, DrivenAgent], browser: Browser
 ) -> None:
     """After a (re)load the page learns a turn from the reset alone: the pending entries'
     ``inTurnFor`` (how long) and ``turnWhy`` (why it is still held: the agent could not say).
@@ -700,12 +645,13 @@ def test_no_auth_needs_no_token(browser: Browser, tmp_path: Path) -> None:
 
 
 def test_hostile_texts_are_shown_as_text_and_nothing_runs(
-    stack: tuple[str, Agent], browser: Browser, tmp_path: Path
+    stack: tuple[str, DrivenAgent], browser: Browser, tmp_path: Path
 ) -> None:
     from playwright.sync_api import expect
 
     origin, agent = stack
-    agent.failing, agent.release = True, threading.Event()
+    agent.failing = True
+    agent.released.clear()
     ws, ses = "acme", "chat-7"
     failed = accept(origin, USER, ws, ses, "fail: run the migration on production")
     held = accept(origin, USER, ws, ses, "hold: summarize yesterday's failed deploys")
@@ -740,14 +686,14 @@ def test_hostile_texts_are_shown_as_text_and_nothing_runs(
                 page.screenshot(path=str(shots[name]))
                 assert page.evaluate("() => window.__xss") is None
     finally:
-        agent.release.set()
+        agent.released.set()
     if os.environ.get("UI_SCREENSHOTS_TO_DOCS"):  # make ui-screenshots: the README's images
         for name, path in shots.items():
             (DOCS / name).write_bytes(path.read_bytes())
 
 
 def test_the_workspace_charts_its_last_hour_and_a_session_its_history(
-    stack: tuple[str, Agent], browser: Browser, tmp_path: Path
+    stack: tuple[str, DrivenAgent], browser: Browser, tmp_path: Path
 ) -> None:
     """Issue 24: the workspace view charts its last hour from GET .../series (accepted,
     delivered, failed per minute; the oldest pending entry's age), and a session view lists
@@ -756,7 +702,8 @@ def test_the_workspace_charts_its_last_hour_and_a_session_its_history(
     from playwright.sync_api import expect
 
     origin, agent = stack
-    agent.failing, agent.release = True, threading.Event()
+    agent.failing = True
+    agent.released.clear()
     ws = "charts"
     turn_id = agent.turn_id = "turn-charts"
     plain = [accept(origin, ADMIN, ws, "plain", f"summarize file {i}") for i in range(3)]
@@ -782,7 +729,7 @@ def test_the_workspace_charts_its_last_hour_and_a_session_its_history(
         shot = tmp_path / "ui-dashboard.png"
         page.screenshot(path=str(shot))
 
-        agent.turns.discard(turn_id)
+        agent.turns.pop(turn_id)
         r = httpx.post(
             origin + turn_end_path(ws, "work", turn_id),
             headers={"Authorization": f"Bearer {ADMIN}"},

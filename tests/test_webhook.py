@@ -26,38 +26,37 @@ from prompt_outbox.webhook import (
     WebhookSignatureError,
     verify_signature,
 )
+from tests.support.agent import SECRET, Agent
 from tests.support.clock import ManualClock
-from tests.support.receiver import SECRET, Receiver, receiver
 from tests.support.tunables import FAST
 
 WS, SES = "ws", "s1"
 
 
 @pytest.fixture
-def agent() -> Iterator[Receiver]:
-    with receiver() as rec:
+def agent() -> Iterator[Agent]:
+    with Agent() as rec:
         yield rec
 
 
-def wired(manual_outbox: Outbox, rec: Receiver, http_timeout: float = 5.0) -> WebhookDeliverer:
+def wired(manual_outbox: Outbox, rec: Agent, http_timeout: float = 5.0) -> WebhookDeliverer:
     hook = WebhookDeliverer(rec.url, secret=SECRET, verify_url=rec.verify_url, timeout=http_timeout)
     manual_outbox.set_verifier(hook.verify)
     return hook
 
 
 async def test_delivers_signed_with_the_entry_id_as_idempotency_key(
-    manual_outbox: Outbox, agent: Receiver
+    manual_outbox: Outbox, agent: Agent
 ) -> None:
     hook = wired(manual_outbox, agent)
     entry = await manual_outbox.accept(WS, SES, "u", "c1", "héllo", model='{"m":[]}')
     assert await manual_outbox.deliver_once(WS, SES, hook)
     assert await manual_outbox.list(WS, SES) == []
     [req] = agent.received
-    headers, body = req["headers"], req["body"]
-    assert isinstance(headers, dict) and isinstance(body, bytes)
+    headers, body = req.headers, req.body
     assert headers["Idempotency-Key"] == entry.id
     assert headers[SIGNATURE_HEADER].startswith("v2=")
-    assert req["signed"] == SignedDelivery(WS, SES, entry.id, int(headers[TIMESTAMP_HEADER]))
+    assert req.signed == SignedDelivery(WS, SES, entry.id, int(headers[TIMESTAMP_HEADER]))
     with pytest.raises(WebhookSignatureError):
         verify_signature(b"wrong", headers, body)
     sent = json.loads(body)
@@ -66,7 +65,7 @@ async def test_delivers_signed_with_the_entry_id_as_idempotency_key(
 
 
 async def test_a_captured_delivery_replayed_elsewhere_is_refused_by_the_receiver(
-    manual_outbox: Outbox, agent: Receiver
+    manual_outbox: Outbox, agent: Agent
 ) -> None:
     """Finding 6: the old signature covered the timestamp and body only, so a captured
     delivery verified with the workspace or session header changed (the body names neither)."""
@@ -74,8 +73,7 @@ async def test_a_captured_delivery_replayed_elsewhere_is_refused_by_the_receiver
     entry = await manual_outbox.accept(WS, SES, "u", "c1", "run the tests")
     assert await manual_outbox.deliver_once(WS, SES, hook)
     [req] = agent.received
-    sent, body = req["headers"], req["body"]
-    assert isinstance(sent, dict) and isinstance(body, bytes)
+    sent, body = req.headers, req.body
     # What an eavesdropper replays: the request as it went, less what httpx sets itself.
     captured = {k: v for k, v in sent.items() if k.lower() not in ("content-length", "host")}
     replays = [
@@ -107,7 +105,7 @@ async def test_a_captured_delivery_replayed_elsewhere_is_refused_by_the_receiver
 )
 async def test_response_classes(
     manual_outbox: Outbox,
-    agent: Receiver,
+    agent: Agent,
     action: str | int,
     status: Status,
     attempts: int,
@@ -124,7 +122,7 @@ async def test_response_classes(
 
 @pytest.mark.parametrize("action", [503, "cut"])
 async def test_ambiguous_send_verified_delivered_is_not_resent(
-    manual_outbox: Outbox, clock: ManualClock, agent: Receiver, action: str | int
+    manual_outbox: Outbox, clock: ManualClock, agent: Agent, action: str | int
 ) -> None:
     hook = wired(manual_outbox, agent)
     agent.actions = [action]
@@ -152,7 +150,7 @@ async def test_ambiguous_send_verified_delivered_is_not_resent(
 
 
 async def test_verified_absent_is_sent_again(
-    manual_outbox: Outbox, clock: ManualClock, agent: Receiver
+    manual_outbox: Outbox, clock: ManualClock, agent: Agent
 ) -> None:
     hook = wired(manual_outbox, agent)
     agent.actions = [503]
@@ -241,7 +239,7 @@ PADDED = b'{"turn": "t-1", "pad": "' + b"x" * SEND_ANSWER_BYTES + b'"}'  # past 
     ],
 )
 async def test_a_202_with_a_turn_hands_the_turn_back(
-    manual_outbox: Outbox, agent: Receiver, answer: str | int | tuple[int, bytes], turn: str | None
+    manual_outbox: Outbox, agent: Agent, answer: str | int | tuple[int, bytes], turn: str | None
 ) -> None:
     """Issue 23 point 4: a receiver that answers as soon as it has the prompt says so with
     202 {"turn": id}; the deliverer returns that Turn (before: None, the turn taken as over,
@@ -257,7 +255,7 @@ async def test_a_202_with_a_turn_hands_the_turn_back(
 
 
 async def test_the_webhook_deliverer_asks_the_verify_url_how_a_turn_goes(
-    agent: Receiver,
+    agent: Agent,
 ) -> None:
     hook = WebhookDeliverer(agent.url, secret=SECRET, verify_url=agent.verify_url)
     assert isinstance(hook, TurnWatcher)

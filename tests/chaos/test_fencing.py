@@ -36,15 +36,12 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 import valkey.asyncio as valkey_async
@@ -56,12 +53,12 @@ from tests.chaos import report
 from tests.chaos.harness import ROOT
 from tests.chaos.proxy import FaultyProxy
 from tests.chaos.settings import CHAOS_TUNABLES
+from tests.support.agent import Agent, Answer, Post
 
 # A held send must outlast the pause without any timeout firing in A (its HTTP client takes
 # delivery_timeout too): otherwise A would see a timeout, not the late success under test.
 FENCE_TUNABLES = replace(CHAOS_TUNABLES, delivery_timeout=30.0, lease_ttl=1.0)
 WS = "fence"
-HOLD_LIMIT = 60.0  # the agent never holds a POST longer (a failed test must not hang it)
 # The whole life of the entry, as the session's event log must tell it: accepted, staged by
 # A, requeued as verifying by B (recovery), sent by B's claim. Nothing from A after that.
 LIFE = ["accepted", "delivering", "verifying", "sent"]
@@ -78,83 +75,27 @@ Kind = Literal["pause", "stall"]
 # -- the agent ---------------------------------------------------------------------------------
 
 
-class HoldingAgent:
-    """An HTTP agent on loopback for the webhook deliverer. It records each POSTed prompt as it
-    arrives (that is "the agent ran it"), holds the answer to the FIRST POST until
-    ``release()``, answers later POSTs at once, and counts verify calls (``delivered`` once
+class HoldingAgent(Agent):
+    """The webhook agent of the rounds. It records each POSTed prompt as it arrives (that is
+    "the agent ran it"), holds the answer to the FIRST POST until ``released`` (then answers
+    ``status``), answers later POSTs 200 at once, and counts verify calls (``delivered`` once
     recorded, else ``absent``: it tells the truth)."""
 
-    def __init__(self, answer: int = 200) -> None:
-        self.answer = answer  # what the held POST is answered with
-        self.received: Counter[str] = Counter()
-        self.verifies: Counter[str] = Counter()
-        self.answered: list[tuple[str, int, bool]] = []  # (entry, status, written to the socket)
-        self._release = threading.Event()
+    def __init__(self, status: int = 200) -> None:
+        super().__init__(b"chaos", plain_verify=True)  # fenced_worker.py signs with it
+        self.status = status  # what the held POST is answered with
         self._held = False
-        self._lock = threading.Lock()
-        agent = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                entry_id = str(json.loads(body)["id"])
-                with agent._lock:
-                    agent.received[entry_id] += 1
-                    hold, agent._held = not agent._held, True
-                status = 200
-                if hold:
-                    agent._release.wait(HOLD_LIMIT)
-                    status = agent.answer
-                written = self._answer(status, b"ok" if status == 200 else b"not now")
-                with agent._lock:
-                    agent.answered.append((entry_id, status, written))
-
-            def do_GET(self) -> None:
-                entry_id = parse_qs(urlparse(self.path).query).get("id", [""])[0]
-                with agent._lock:
-                    agent.verifies[entry_id] += 1
-                    seen = agent.received[entry_id] > 0
-                self._answer(200, b"delivered" if seen else b"absent")
-
-            def _answer(self, status: int, body: bytes) -> bool:
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    self.wfile.flush()
-                except OSError:
-                    return False
-                return True
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
-
-    @property
-    def verify_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/verify"
-
-    def release(self) -> None:
-        """Answer the held POST now."""
-        self._release.set()
+    def answer(self, post: Post) -> Answer:
+        with self.lock:
+            hold, self._held = not self._held, True
+        return Answer(self.status, hold=True) if hold else Answer()
 
     def snapshot(self) -> tuple[Counter[str], Counter[str], list[tuple[str, int, bool]]]:
-        with self._lock:
-            return Counter(self.received), Counter(self.verifies), list(self.answered)
-
-    def close(self) -> None:
-        self._release.set()
-        self._server.shutdown()
-        self._server.server_close()
+        """POSTs recorded and verify calls, per entry, and the answers written, read at once."""
+        with self.lock:
+            received = Counter(post.id for post in self.received)
+            return received, Counter(self.verifies), list(self.answered)
 
 
 # -- what Valkey saw: MONITOR ------------------------------------------------------------------
@@ -394,10 +335,9 @@ async def fencing_round(
     log_dir.mkdir()
     gate = log_dir / "gate"
     tunables = replace(FENCE_TUNABLES, verify_delay=r.verify_delay)
-    agent = HoldingAgent(answer=r.answer)
     t0 = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
-        stack.callback(agent.close)
+        agent = stack.enter_context(HoldingAgent(r.answer))
         proxy = await stack.enter_async_context(FaultyProxy(server.port, server.password))
         a_url = proxy.url if kind == "stall" else server.url
         a = start_worker(a_url, agent, log_dir, tunables, "A", None)
@@ -472,7 +412,7 @@ async def fencing_round(
         assert still_frozen()
         place = await monitor.mark(client, f"fence-{kind}-{n}")
         if r.release_first:
-            agent.release()
+            agent.released.set()
             await until_async(lambda: agent.snapshot()[2], "the agent answered A", 5)
         if kind == "pause":
             a.proc.send_signal(signal.SIGCONT)
@@ -481,7 +421,7 @@ async def fencing_round(
         resumed = time.monotonic()
         if not r.release_first:
             await asyncio.sleep(r.release_delay)
-            agent.release()
+            agent.released.set()
         outcome = "ok" if r.answer == 200 else "failed"
         await until_async(lambda: a.lines("sends"), "A's send returned", 10)
         assert a.lines("sends")[0].startswith(f"{eid} {outcome}"), a.lines("sends")

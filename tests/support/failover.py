@@ -17,8 +17,8 @@ import httpx
 
 from prompt_outbox.embedded import free_port
 from tests.sentinel import SentinelGroup
+from tests.support.agent import SECRET, Agent
 from tests.support.processes import process_group
-from tests.support.receiver import SECRET, receiver
 from tests.support.serve import BIN, wait_healthy
 
 ACCEPT_BOUND = 15.0  # seconds: durability_timeout 2 s plus a connect; a hang fails the test
@@ -160,7 +160,7 @@ def run_failovers(tmp_path: Path, sessions: int, failovers: int, acks: int) -> F
     port = free_port()
     base = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions"
     durable = ["--accept-durability", "replica", "--durability-timeout", "2"]
-    with SentinelGroup(tmp_path / "valkey") as group, receiver() as agent:
+    with SentinelGroup(tmp_path / "valkey") as group, Agent() as agent:
         url = ["--valkey-url", group.url]
         serve = ["serve", *url, *durable, "--no-auth", "--port", str(port)]
         worker = ["worker", *url, *durable, "--webhook-url", agent.url]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.agent import Agent
 from tests.support.processes import process_group
-from tests.support.receiver import Receiver
 
 BIN = str(Path(sys.executable).parent / "prompt-outbox")
 
@@ -50,7 +50,7 @@ def post_five(url: str) -> list[str]:
     return ids
 
 
-def wait_delivered_in_order(agent: Receiver, ids: list[str]) -> None:
+def wait_delivered_in_order(agent: Agent, ids: list[str]) -> None:
     deadline = time.monotonic() + 30
     while sorted(agent.ids()) != sorted(ids):
         assert time.monotonic() < deadline, f"delivered {agent.ids()} of {ids}"
