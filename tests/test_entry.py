@@ -1,4 +1,4 @@
-"""The entry codec: the seed's field names, and the caller's model JSON kept byte for byte."""
+"""The entry codec: the contract's field names, and the caller's model JSON kept byte for byte."""
 
 from __future__ import annotations
 
