@@ -1,6 +1,6 @@
-"""The HTTP edge (issue 22, findings 1, 2, 11 and the request deadline): what a request must be
-before anything reads it (api/guard.py), the request head's caps (cli/heads.py), the API docs
-off by default, and the deadline on every answer (api/deadline.py).
+"""The HTTP edge (docs/security.md, findings 1, 2, 11 and the request deadline): what a request
+must be before anything reads it (api/guard.py), the request head's caps (cli/heads.py), the API
+docs off by default, and the deadline on every answer (api/deadline.py).
 
 Through ``create_app`` on httpx's ASGI transport where that shows the rule; against a real
 ``prompt-outbox serve`` for what only the real HTTP stack shows: the head caps, a body refused

@@ -19,11 +19,7 @@ SKIP = {"node_modules", "dist", "static", "__pycache__", ".venv", ".cache"}
 NOT_YET = {
     "src/prompt_outbox/delivery/runloop.py",
     "tests/chaos/test_fencing.py",
-    "tests/test_guard.py",
-    "tests/test_tls.py",
-    "tests/test_turn_route.py",
     "tests/test_ui.py",
-    "tests/test_webhook.py",
 }
 
 JARGON = re.compile(

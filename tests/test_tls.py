@@ -1,9 +1,9 @@
-"""TLS and ACL users for an external server (issue 24 point 5), against Debian's redis-server
-7.0 with TLS on loopback (the bundled valkey-server has no TLS): a CA and a server certificate
-made here with openssl, the default user off and an ACL user with a password. serve and a
-worker accept and deliver over ``valkeys://app:...@`` with ``--valkey-ca-file``; a wrong CA
-and a wrong password are each one clear line. Redis 7.0 has no WAITAOF: the default
-durability steps down to ``none`` and says so, a chosen ``fsync`` refuses to start."""
+"""TLS and ACL users for an external server, against Debian's redis-server 7.0 with TLS on
+loopback (the bundled valkey-server has no TLS): a CA and a server certificate made here with
+openssl, the default user off and an ACL user with a password. serve and a worker accept and
+deliver over ``valkeys://app:...@`` with ``--valkey-ca-file``; a wrong CA and a wrong password are
+each one clear line. Redis 7.0 has no WAITAOF: the default durability steps down to ``none`` and
+says so, a chosen ``fsync`` refuses to start."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""The end route (issue 23 point 4): ``POST /v1/workspaces/{ws}/sessions/{ses}/turns/{turn}/end``
-over uvicorn on a real loopback port and real Valkey. Who may end a turn (a token scoped to the
-workspace, or the webhook's signature over the end's own string), what it refuses (a turn ID
-off its rule, a bad, stale or replayed signature, the guard's rules), and what it answers for a
-held turn (200 with its seconds) and for one the session does not hold (404). Last, the whole
-path: ``prompt-outbox serve`` delivering to a webhook receiver that hands back turns."""
+"""The end route: ``POST /v1/workspaces/{ws}/sessions/{ses}/turns/{turn}/end`` over uvicorn on a
+real loopback port and real Valkey. Who may end a turn (a token scoped to the workspace, or the
+webhook's signature over the end's own string), what it refuses (a turn ID off its rule, a bad,
+stale or replayed signature, the guard's rules), and what it answers for a held turn (200 with its
+seconds) and for one the session does not hold (404). Last, the whole path: ``prompt-outbox
+serve`` delivering to a webhook receiver that hands back turns."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The webhook deliverer against a real HTTP server on loopback: signature, idempotency key,
-and each response class mapped to the seed's outcome classes, through the Outbox. The receiver
+"""The webhook deliverer against a real HTTP server on loopback: signature, idempotency key, and
+each response class mapped to the contract's outcome classes, through the Outbox. The receiver
 checks every delivery with ``prompt_outbox.webhook.verify_signature``, as a user's would."""
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ PADDED = b'{"turn": "t-1", "pad": "' + b"x" * SEND_ANSWER_BYTES + b'"}'  # past 
 async def test_a_202_with_a_turn_hands_the_turn_back(
     manual_outbox: Outbox, agent: Agent, answer: str | int | tuple[int, bytes], turn: str | None
 ) -> None:
-    """Issue 23 point 4: a receiver that answers as soon as it has the prompt says so with
+    """Turns over the webhook: a receiver that answers as soon as it has the prompt says so with
     202 {"turn": id}; the deliverer returns that Turn (before: None, the turn taken as over,
     so the session's next prompt went into the running turn)."""
     hook = wired(manual_outbox, agent)
