@@ -495,7 +495,7 @@ def test_an_admin_parks_unparks_and_sweeps_a_workspace(
 def test_a_session_in_turn_is_a_state_of_its_own(
     stack: tuple[str, DrivenAgent], browser: Browser
 ) -> None:
-    """Issue 23: the agent works on a delivered prompt (202 {"turn"}), the session is held in
+    """Long turns: the agent works on a delivered prompt (202 {"turn"}), the session is held in
     turn. The page says so over the queue, with the turn's ID (hostile: shown as text), from
     the stream's ``turn`` update; a reload while nothing waits brings it back, ID and age, from
     the turn route (the reset holds no entry); the entry behind it waits for the turn, not for
@@ -695,7 +695,7 @@ def test_hostile_texts_are_shown_as_text_and_nothing_runs(
 def test_the_workspace_charts_its_last_hour_and_a_session_its_history(
     stack: tuple[str, DrivenAgent], browser: Browser, tmp_path: Path
 ) -> None:
-    """Issue 24: the workspace view charts its last hour from GET .../series (accepted,
+    """The dashboard: the workspace view charts its last hour from GET .../series (accepted,
     delivered, failed per minute; the oldest pending entry's age), and a session view lists
     its delivered prompts with when and how long their turn took (GET .../history). Its own
     workspace: the totals are exactly what this test sent."""

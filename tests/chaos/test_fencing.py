@@ -1,5 +1,5 @@
-"""Issue 11 point 4, fencing: a worker that lost its lease mid-delivery writes nothing when it
-comes back (DESIGN.md §5.2 and §7 "Leases fence"; docs/design.md "Leases").
+"""Fencing: a worker that lost its lease mid-delivery writes nothing when it comes back
+(docs/design.md, "Leases").
 
 Worker A (a process, tests/chaos/fenced_worker.py) takes the entry and POSTs it to the agent;
 the agent records the prompt and HOLDS its answer. A is then frozen past its lease, either by

@@ -8,11 +8,11 @@ A tick costs one read per due-index bucket plus one visit per workspace with due
 (``Wakeups`` in this process, a published message across processes), so an idle loop starts
 delivering within milliseconds; ``tick`` only bounds a sleep.
 
-Fair share (DESIGN.md §8): the ``concurrency`` slots go round-robin across the workspaces with
-due sessions, one session each per round, the workspace this loop served least recently
-first (then the one whose due mark is oldest). One workspace's backlog takes one slot per
-round, however long it is, and a workspace that a fresh accept woke takes one of the next
-slots. A pass starts at most ``START_BURST`` drains and reads only what it may start
+Fair share (docs/design.md, "Fair share"): the ``concurrency`` slots go round-robin across
+the workspaces with due sessions, one session each per round, the workspace this loop served
+least recently first (then the one whose due mark is oldest). One workspace's backlog takes
+one slot per round, however long it is, and a workspace that a fresh accept woke takes one of
+the next slots. A pass starts at most ``START_BURST`` drains and reads only what it may start
 (``_limit``), so a loop holding 1,000 drains costs no more per pass than one holding ten, and
 a full loop reads nothing.
 """
