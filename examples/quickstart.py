@@ -10,7 +10,7 @@ async def deliver(ws: str, ses: str, entry: Entry) -> None:  # POST to your agen
 
 
 async def main() -> None:
-    with EmbeddedValkey("./.prompt-outbox") as server:  # durable: appendfsync always
+    with EmbeddedValkey("./.prompt-outbox-lib") as server:  # durable: appendfsync always
         outbox = Outbox(connect(server.url))  # or any valkey.asyncio client
         with suppress(Duplicate):  # msg-1 seen: a retry, or a 2nd run (the data is kept)
             await outbox.accept("acme", "chat-1", "user-7", "msg-1", "Hello, agent!")

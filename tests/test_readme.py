@@ -101,6 +101,7 @@ def test_service_quickstart_runs_accepts_delivers_and_streams(tmp_path: Path) ->
         assert '"status":"pending"' in out.replace(" ", "")  # the accept's 202
         assert "agent acme/chat-1 got: 'Hello, agent!'" in out  # delivered, signature checked
         assert "event: queue.reset" in out  # curl -N: the stream opens with the queue
+        assert "event: queue.update" in out  # ...and shows it change, as the README says
         page = httpx.get(f"http://127.0.0.1:{api}/", follow_redirects=True, timeout=10)
         assert page.status_code == 200 and "<html" in page.text.lower()
         # The README names the page at the port the quickstart serves on.
