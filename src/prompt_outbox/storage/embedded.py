@@ -381,31 +381,36 @@ def _in_use(data_dir: Path, holder: str, gone: bool) -> str:
 def _shutdown(port: int, password: str | None) -> bool:
     """Send SHUTDOWN to the server on this loopback port after AUTH with ``password``; True
     once it was accepted (the server closes the connection instead of answering)."""
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
-        replies = s.makefile("rb")
-        if password:
-            s.sendall(_command("AUTH", password))
-            if replies.readline() != b"+OK\r\n":
-                return False
-        s.sendall(_command("SHUTDOWN"))
-        s.settimeout(10.0)  # it flushes the AOF first
-        return not replies.readline().startswith(b"-")  # an error, or nothing: it is going
-    return False
+    # It flushes the AOF first; an error answer, or nothing at all: it is going.
+    reply = _ask(port, password, "SHUTDOWN", connect_timeout=0.5, answer_timeout=10.0)
+    return reply is not None and not reply.startswith(b"-")
 
 
 def answers_ping(port: int, password: str | None = None) -> bool:
     """True once a server on this loopback port answers PING (not -LOADING), after AUTH with
     ``password`` if one is given (a server that requires one answers -NOAUTH without)."""
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2) as s:
+    # A server still loading its AOF answers -LOADING: not ready yet.
+    reply = _ask(port, password, "PING", connect_timeout=0.2, answer_timeout=0.2)
+    return reply is not None and reply.startswith(b"+PONG")
+
+
+def _ask(
+    port: int, password: str | None, command: str, *, connect_timeout: float, answer_timeout: float
+) -> bytes | None:
+    """``command``'s reply line from the server on this loopback port, after AUTH with
+    ``password`` if one is given (b"" if it closed the connection instead); None if it could
+    not be reached, refused the password, or did not answer in time."""
+    address = ("127.0.0.1", port)
+    with contextlib.suppress(OSError), socket.create_connection(address, connect_timeout) as s:
         replies = s.makefile("rb")
         if password:
             s.sendall(_command("AUTH", password))
             if replies.readline() != b"+OK\r\n":
-                return False
-        s.sendall(_command("PING"))
-        # A server still loading its AOF answers -LOADING: not ready yet.
-        return replies.readline().startswith(b"+PONG")
-    return False
+                return None
+        s.sendall(_command(command))
+        s.settimeout(answer_timeout)
+        return replies.readline()
+    return None
 
 
 def _command(*args: str) -> bytes:
