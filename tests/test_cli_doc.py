@@ -60,6 +60,14 @@ def test_every_serve_option_is_in_the_doc() -> None:
     assert _options(COMMANDS["serve"], negations=False) - named - {"--help"} == set()
 
 
+def test_the_serve_usage_block_lists_every_serve_option() -> None:
+    # The block a reader copies from: an option only in the prose below it is easy to miss.
+    block = re.search(r"### `prompt-outbox serve`\n.*?^```\n(.*?)^```", DOC, flags=re.S | re.M)
+    assert block is not None
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", block.group(1)))
+    assert _options(COMMANDS["serve"], negations=False) - named - {"--help"} == set()
+
+
 def test_every_environment_variable_named_in_the_doc_exists() -> None:
     every = set().union(*(_envvars(c) for c in COMMANDS.values()))
     named = set(re.findall(r"\bPROMPT_OUTBOX_[A-Z0-9_]+", DOC))
