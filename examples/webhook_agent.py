@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from prompt_outbox.webhook import WebhookSignatureError, verify_signature
 
 SECRET = os.environ.get("PROMPT_OUTBOX_WEBHOOK_SECRET") or sys.exit(
-    "set PROMPT_OUTBOX_WEBHOOK_SECRET to the secret serve signs with (its --webhook-secret)"
+    "set PROMPT_OUTBOX_WEBHOOK_SECRET to the secret serve signs with (serve reads it there too)"
 )
 PORT = int(sys.argv[1]) if len(sys.argv) > 1 else 9000
 
@@ -35,4 +35,8 @@ class Agent(BaseHTTPRequestHandler):
         pass
 
 
-HTTPServer(("127.0.0.1", PORT), Agent).serve_forever()
+try:
+    server = HTTPServer(("127.0.0.1", PORT), Agent)
+except OSError as err:  # most often: an agent already runs there
+    sys.exit(f"cannot listen on 127.0.0.1:{PORT} ({err.strerror}): is the agent already running?")
+server.serve_forever()

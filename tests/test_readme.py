@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,6 +67,22 @@ def test_the_stand_in_agent_without_its_secret_says_what_to_set() -> None:
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("set PROMPT_OUTBOX_WEBHOOK_SECRET")
+
+
+def test_the_stand_in_agent_on_a_busy_port_says_so() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "webhook_agent.py"), str(port)],
+            env={**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": "s"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
 
 
 def test_readme_service_quickstart_is_the_shell_file() -> None:
