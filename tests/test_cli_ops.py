@@ -62,14 +62,19 @@ def test_a_valkey_that_refuses_is_one_line_naming_the_option(
     assert "--valkey-url (PROMPT_OUTBOX_VALKEY_URL)" in line and "AuthenticationError" in line
 
 
+TLS_HINT = "is TLS on at the server? (valkeys:// speaks TLS)"
+
+
 @pytest.mark.parametrize(
-    "url",
-    ["valkey://127.0.0.1:{closed}/0", "valkeys://127.0.0.1:{port}/0"],
+    ("url", "hint"),
+    [("valkey://127.0.0.1:{closed}/0", None), ("valkeys://127.0.0.1:{port}/0", TLS_HINT)],
     ids=["nothing-listens", "tls-to-a-plain-server"],
 )
 def test_an_unreachable_valkey_is_one_line_without_a_traceback(
-    valkey_server: EmbeddedValkey, url: str
+    valkey_server: EmbeddedValkey, url: str, hint: str | None
 ) -> None:
+    # The bundled server has no TLS: a valkeys:// URL waits out the connect timeout (5 s),
+    # and the line says what to check. Nothing listening is no TLS question.
     given = url.format(closed=free_port(), port=valkey_server.port)
     r = subprocess.run(
         [BIN, "stats", "--valkey-url", given], capture_output=True, text=True, timeout=60
@@ -77,6 +82,10 @@ def test_an_unreachable_valkey_is_one_line_without_a_traceback(
     assert r.returncode == 1 and "Traceback" not in r.stderr
     [line] = r.stderr.splitlines()
     assert line.startswith("Error: Valkey unusable (") and "PROMPT_OUTBOX_VALKEY_URL" in line
+    if hint is None:
+        assert "TLS" not in line, line
+    else:
+        assert line.endswith(hint), line
 
 
 def _commands(group: click.Group) -> list[tuple[str, click.Command]]:

@@ -169,6 +169,13 @@ def test_tls_files_with_a_url_without_tls_are_refused(tls_server: TLSServer) -> 
     assert "the Valkey URL has no TLS" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_plain_url_to_a_tls_server_says_to_use_valkeys(tls_server: TLSServer) -> None:
+    # The server resets a client that does not speak TLS: the line says what to check.
+    done = run("stats", "--valkey-url", f"valkey://app:{PASSWORD}@127.0.0.1:{tls_server.port}")
+    line = one_clear_line(done, "Valkey unusable")
+    assert line.endswith("does the server speak TLS? (then use valkeys://)"), line
+
+
 def test_a_tls_sentinel_url_finds_the_primary_over_tls(tls_server: TLSServer) -> None:
     """``valkeys+sentinel://``: TLS to the sentinel (redis-server 7.0 in sentinel mode, TLS
     only) and to the primary it names, with the CA given once; the sentinel logs in to the

@@ -25,6 +25,7 @@ from ..storage.embedded import (
     running_url,
 )
 from ..storage.feed import FeedLimits
+from .unreachable import remember_valkey_url
 
 log = logging.getLogger("prompt_outbox.cli")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -249,6 +250,7 @@ async def open_valkey(
             )
     except (DataDirInUse, UnsafeDataDir) as exc:
         raise click.ClickException(str(exc)) from None
+    remember_valkey_url(url)  # for the one line if it proves unusable (TLS on one side only)
     ctx = click.get_current_context(silent=True)
     tls = TLSFiles(**(ctx.meta.get(_TLS_META, {}) if ctx is not None else {}))
     try:

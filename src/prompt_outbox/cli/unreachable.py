@@ -4,14 +4,57 @@ command."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import click
 
 from ..core.errors import StorageFormatError
+from ..storage.connect import uses_tls
 from ..storage.store import UNAVAILABLE
 
 HINT = "check --valkey-url (PROMPT_OUTBOX_VALKEY_URL)"
+_URL_META = "prompt_outbox.valkey_url"
+
+
+def remember_valkey_url(url: str) -> None:
+    """Keep the URL a command connects with on the click context, so that the one line for an
+    unusable Valkey can say whether TLS is likely the mismatch (click's ``meta`` is shared by
+    the group's context and its command's)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[_URL_META] = url
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from or during (valkey-py keeps the socket's error there)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def tls_hint(url: str | None, exc: BaseException) -> str:
+    """What to check when TLS is on at one end only, or "" when the error does not look like
+    it. A TLS client to a plain server waits out its connect timeout (the server reads the
+    handshake as a command and waits for its end) or fails the handshake; a plain client to a
+    TLS server has its connection reset."""
+    if url is None:
+        return ""
+    chain = _chain(exc)
+    text = " ".join(str(e) for e in chain)
+    if uses_tls(url):
+        if "certificate" in text.lower():  # TLS is on at both ends: the error says what failed
+            return ""
+        if any(isinstance(e, (TimeoutError, ssl.SSLError)) for e in chain) or "Timeout" in text:
+            return "; is TLS on at the server? (valkeys:// speaks TLS)"
+        return ""
+    reset = any(isinstance(e, (ConnectionResetError, BrokenPipeError)) for e in chain)
+    if reset or "reset by peer" in text or "closed by server" in text:
+        return "; does the server speak TLS? (then use valkeys://)"
+    return ""
 
 
 def unavailable_in(
@@ -46,4 +89,5 @@ class Main(click.Group):
             if found is None:
                 raise
             what = type(found).__name__
-            raise click.ClickException(f"Valkey unusable ({what}: {found}); {HINT}") from None
+            tls = tls_hint(ctx.meta.get(_URL_META), found)
+            raise click.ClickException(f"Valkey unusable ({what}: {found}); {HINT}{tls}") from None
