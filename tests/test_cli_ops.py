@@ -8,15 +8,19 @@ import asyncio
 import fcntl
 import json
 import os
+import signal
 import stat
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
 import click
 import httpx
 import pytest
+import valkey
 import valkey.asyncio as valkey_async
 from click.testing import CliRunner
 
@@ -24,9 +28,11 @@ from prompt_outbox import Outbox
 from prompt_outbox.api.auth import TokenTable
 from prompt_outbox.cli import main
 from prompt_outbox.cli.tokens import add_token
-from prompt_outbox.embedded import EmbeddedValkey, free_port
+from prompt_outbox.embedded import EmbeddedValkey, free_port, running_url
+from tests.support.failover import wait_for
 from tests.support.logs import logged_service
-from tests.support.serve import BIN
+from tests.support.processes import process_group
+from tests.support.serve import BIN, wait_healthy
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -219,6 +225,52 @@ def test_sigterm_with_open_event_streams_exits_cleanly(tmp_path: Path) -> None:
     said = log.read_text()
     assert sorted(ended) == ["s0", "s1"] and "Traceback" not in said, said
     assert "Finished server process" in said  # uvicorn stopped, not killed
+
+
+@contextmanager
+def serve_delivering(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """serve on its embedded Valkey, leading a process group (as a shell job or a systemd
+    unit), with a worker whose receiver is away (a prompt waits, tried again and again): its
+    subscriptions are open. Yields the process and the data dir; its log is serve.log."""
+    port, data = free_port(), tmp_path / "data"
+    argv = [BIN, "serve", "--no-auth", "--port", str(port), "--data-dir", str(data),
+            "--webhook-url", f"http://127.0.0.1:{free_port()}/hook"]  # fmt: skip
+    env = {**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": "s"}
+    with (tmp_path / "serve.log").open("wb") as err, process_group(argv, env, stderr=err) as proc:
+        wait_healthy(port)
+        url = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions/s1/prompts"
+        answer = httpx.post(url, json={"text": "hi"}, headers={"Idempotency-Key": "k1"})
+        assert answer.status_code == 202, answer.text
+        yield proc, data
+
+
+def warnings_in(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if " WARNING prompt_outbox" in line]
+
+
+def test_a_stop_signal_to_the_process_group_logs_no_lost_subscription(tmp_path: Path) -> None:
+    # Ctrl-C, a shell's kill %1 and systemd's stop signal the whole group: the embedded
+    # valkey-server stops at the same time as serve, and that loss is part of the stop.
+    with serve_delivering(tmp_path) as (proc, _):
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    said = (tmp_path / "serve.log").read_text()
+    assert "Finished server process" in said and warnings_in(tmp_path / "serve.log") == [], said
+
+
+def test_a_valkey_lost_while_serve_runs_is_still_a_warning(tmp_path: Path) -> None:
+    with serve_delivering(tmp_path) as (_, data):
+        url = running_url(data)
+        assert url is not None
+        server = valkey.Valkey.from_url(url)
+        pid = int(server.info("server")["process_id"])
+        server.close()
+        os.kill(pid, signal.SIGKILL)  # the server alone: serve goes on
+        wait_for(
+            lambda: any("subscriptions" in w for w in warnings_in(tmp_path / "serve.log")),
+            timeout=30,
+            what="no warning about the lost subscriptions",
+        )
 
 
 def test_a_second_serve_on_a_data_dir_in_use_is_refused(tmp_path: Path) -> None:

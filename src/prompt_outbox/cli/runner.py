@@ -12,6 +12,8 @@ from typing import Any
 import click
 import uvicorn
 
+from ..core.stopping import begin_stop
+
 LOOPS = ("auto", "uvloop", "asyncio")
 HTTP_PARSERS = ("auto", "httptools", "h11")
 
@@ -64,8 +66,14 @@ def run_on(loop: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 def on_signals(stop: asyncio.Event | Server) -> None:
-    """SIGINT and SIGTERM set ``stop`` (or ask the server to exit)."""
+    """SIGINT and SIGTERM set ``stop`` (or ask the server to exit), after marking the process
+    as stopping: the same signal may stop the embedded Valkey before we close our side."""
     loop = asyncio.get_running_loop()
-    handler = stop.set if isinstance(stop, asyncio.Event) else stop.request_exit
+    asked = stop.set if isinstance(stop, asyncio.Event) else stop.request_exit
+
+    def handler() -> None:
+        begin_stop()
+        asked()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, handler)

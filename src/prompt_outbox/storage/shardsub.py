@@ -34,6 +34,7 @@ from valkey.asyncio.connection import AbstractConnection, Connection
 from valkey.crc import key_slot
 from valkey.exceptions import MovedError
 
+from ..core.stopping import stopping
 from .client import Client
 from .topology import Topology
 
@@ -309,7 +310,11 @@ class _Link:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("shard subscriptions to %s:%s lost: %s", *self.address, exc)
+            # Closing, or the process's own stop (its signal may have stopped the server
+            # too): expected, so not a warning. A real loss is.
+            quiet = self.owner.closed or stopping()
+            level = logging.INFO if quiet else logging.WARNING
+            log.log(level, "shard subscriptions to %s:%s lost: %s", *self.address, exc)
             self.owner.failed(self)
         finally:
             self.connected = False
