@@ -76,14 +76,19 @@ async def test_the_default_steps_down_on_a_server_without_aof_and_says_so(
         report = await Outbox(client, FAST).check_durability()
         assert (report.asked, report.chosen, report.level) == ("fsync", False, "none")
         assert any("'fsync' is not available" in n and "appendonly" in n for n in report.notes)
+        # The server's own words ("WAITAOF cannot be used when numlocal is set...") say no
+        # fix: the note ends with it.
+        fix = "set appendonly yes (and appendfsync always) on the server, or choose "
+        assert any(n.endswith(fix + "--accept-durability none") for n in report.notes)
         assert any("no persistence" in p for p in report.problems)
         assert any("allkeys-lru" in p for p in report.problems)
         assert "stepped down from fsync" in report.summary()
         assert "in Valkey's memory" in report.summary()
         outbox = Outbox(client, FAST)
         await outbox.accept("dur-lax", "s", "u", "m1", "hello")  # acknowledged, at level none
-        with pytest.raises(DurabilityError, match="'fsync' cannot be honoured"):
+        with pytest.raises(DurabilityError, match="'fsync' cannot be honoured") as refused:
             await Outbox(client, Tunables(accept_durability="fsync")).check_durability()
+        assert str(refused.value).endswith(fix + "--accept-durability none")
     finally:
         await client.aclose()
 

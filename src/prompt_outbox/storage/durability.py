@@ -182,12 +182,22 @@ async def check_durability(
     return problems
 
 
-async def _shortfall(topology: Topology, level: DurabilityLevel, wait_for: float) -> str:
-    """'' when every primary honours ``level`` now, else why not."""
+# What to do about a server without AOF: the server's own WAITAOF error does not say.
+_AOF_FIX = (
+    "set appendonly yes (and appendfsync always) on the server, or choose --accept-durability none"
+)
+
+
+async def _shortfall(
+    topology: Topology, level: DurabilityLevel, wait_for: float
+) -> tuple[str, str]:
+    """('', '') when every primary honours ``level`` now, else why not, and the fix when
+    there is one to say (``_AOF_FIX`` when a primary has no AOF)."""
     wait = WaitAof.for_level(level, wait_for)
     if wait is None:
-        return ""
+        return "", ""
     missing = []
+    fix = ""
     if level == "fsync":
         for node, config in (await _configs(topology)).items():
             fsync = config.get("appendfsync")
@@ -204,11 +214,13 @@ async def _shortfall(topology: Topology, level: DurabilityLevel, wait_for: float
             )
         elif seen.error:
             missing.append(f"{node}: {seen.error}")
+            if "appendonly" in seen.error.lower():  # "... but appendonly is disabled"
+                fix = _AOF_FIX
         elif seen.local < wait.local:
             missing.append(f"{node}: AOF not fsynced within {wait.timeout_ms} ms")
         elif seen.replicas < wait.replicas:
             missing.append(f"{node}: no replica fsynced its AOF within {wait.timeout_ms} ms")
-    return "; ".join(missing)
+    return "; ".join(missing), fix
 
 
 async def resolve_durability(
@@ -223,11 +235,14 @@ async def resolve_durability(
     in_force = level
     for candidate in reversed(DURABILITY_LEVELS[: DURABILITY_LEVELS.index(level) + 1]):
         in_force = candidate
-        why = await _shortfall(topology, candidate, wait_for)
+        why, fix = await _shortfall(topology, candidate, wait_for)
         if not why:
             break
+        then = f"; {fix}" if fix else ""
         if chosen:
-            raise DurabilityError(f"accept_durability {candidate!r} cannot be honoured: {why}")
-        notes.append(f"accept_durability {candidate!r} is not available ({why})")
+            raise DurabilityError(
+                f"accept_durability {candidate!r} cannot be honoured: {why}{then}"
+            )
+        notes.append(f"accept_durability {candidate!r} is not available ({why}){then}")
     problems = await _problems(topology, in_force)
     return DurabilityReport(level, chosen, in_force, problems, notes)
