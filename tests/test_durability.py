@@ -79,7 +79,10 @@ async def test_the_default_steps_down_on_a_server_without_aof_and_says_so(
         # The server's own words ("WAITAOF cannot be used when numlocal is set...") say no
         # fix: the note ends with it.
         fix = "set appendonly yes (and appendfsync always) on the server, or choose "
-        assert any(n.endswith(fix + "--accept-durability none") for n in report.notes)
+        assert any(
+            n.endswith(fix + "accept_durability none (serve: --accept-durability none)")
+            for n in report.notes
+        )
         assert any("no persistence" in p for p in report.problems)
         assert any("allkeys-lru" in p for p in report.problems)
         assert "stepped down from fsync" in report.summary()
@@ -88,7 +91,9 @@ async def test_the_default_steps_down_on_a_server_without_aof_and_says_so(
         await outbox.accept("dur-lax", "s", "u", "m1", "hello")  # acknowledged, at level none
         with pytest.raises(DurabilityError, match="'fsync' cannot be honoured") as refused:
             await Outbox(client, Tunables(accept_durability="fsync")).check_durability()
-        assert str(refused.value).endswith(fix + "--accept-durability none")
+        assert str(refused.value).endswith(
+            fix + "accept_durability none (serve: --accept-durability none)"
+        )
     finally:
         await client.aclose()
 

@@ -184,7 +184,8 @@ async def check_durability(
 
 # What to do about a server without AOF: the server's own WAITAOF error does not say.
 _AOF_FIX = (
-    "set appendonly yes (and appendfsync always) on the server, or choose --accept-durability none"
+    "set appendonly yes (and appendfsync always) on the server, or choose accept_durability "
+    "none (serve: --accept-durability none)"
 )
 
 
