@@ -12,6 +12,7 @@ import asyncio
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from prompt_outbox.embedded import free_port
@@ -23,11 +24,12 @@ from prompt_outbox.storage.sentinel import (
 )
 from prompt_outbox.storage.shardsub import ShardSubscriber
 from prompt_outbox.storage.topology import topology_of
-from tests.replication import node_client
-from tests.sentinel import SentinelGroup
+from tests.replication import node_client, wait_until
+from tests.sentinel import SERVICE, SentinelGroup
 from tests.support.failover import (
     run_failovers,
 )
+from tests.support.logs import logged_service
 from tests.support.pubsub import Heard, spublish
 from tests.support.serve import BIN
 from tests.support.waiting import eventually, holds
@@ -84,7 +86,65 @@ def test_no_sentinel_answering_is_one_clear_line() -> None:
     )
     assert done.returncode == 1
     [line] = done.stderr.strip().splitlines()
-    assert "No master found for 'svc'" in line and f"127.0.0.1:{nobody}" in line
+    assert (
+        f"no primary for service 'svc' from sentinels 127.0.0.1:{nobody} (1 did not answer: "
+        in line
+    )
+    assert "check the service name and that the sentinels run" in line
+    assert "valkey.asyncio" not in line  # valkey-py's repr of each sentinel client
+
+
+def test_no_primary_is_one_short_line_without_credentials(tmp_path: Path) -> None:
+    """Real sentinels: a wrong service name is one line from the CLI (exit 1) naming the
+    service, the sentinels and what to check; serve, once the sentinels lose the primary
+    (every data node killed, one sentinel too), answers 503 and logs that line, one line,
+    without the URL's passwords."""
+    secrets = ("data-s3cret", "sentinel-s3cret")
+    with SentinelGroup(tmp_path) as group:
+        hosts = ", ".join(f"127.0.0.1:{port}" for port in group.sentinel_ports)
+        # The nodes have no password: AUTH default <anything> passes, the URL still carries it.
+        creds = f"?sentinel_username=default&sentinel_password={secrets[1]}"
+        url = group.url.replace("://", f"://default:{secrets[0]}@") + creds
+        done = subprocess.run(
+            [BIN, "stats", "--valkey-url", url.replace(f"/{SERVICE}?", "/nope?")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines() == [
+            f"Error: Valkey unusable (MasterNotFoundError: no primary for service 'nope' from "
+            f"sentinels {hosts} (none knows the service): check the service name and that "
+            "the sentinels run); check --valkey-url (PROMPT_OUTBOX_VALKEY_URL)"
+        ]
+        log = tmp_path / "serve.log"
+        with logged_service(["--valkey-url", url], log) as port:
+            ready = f"http://127.0.0.1:{port}/readyz"
+            assert httpx.get(ready, timeout=10).status_code == 200
+            gone = group.sentinel_ports[2]
+            for proc in [*(group.procs[p] for p in group.data_ports), group.procs[gone]]:
+                proc.kill()
+                proc.wait()
+            line = (
+                f"Valkey is unreachable: no primary for service '{SERVICE}' from sentinels "
+                f"{hosts} (2 see its primary down; 1 did not answer: Error 111 connecting to "
+                f"127.0.0.1:{gone}"
+            )
+
+            def logged() -> bool:
+                answer = httpx.get(ready, timeout=30)
+                assert answer.status_code == 503, answer.text
+                assert answer.json() == {
+                    "error": "storage_unavailable",
+                    "detail": "Valkey is unreachable: retry shortly",
+                }
+                return line in log.read_text()
+
+            wait_until(logged, 30, "serve logs the sentinels' answer", step=0.2)
+        text = log.read_text()
+        assert "Traceback" not in text and not any(s in text for s in secrets), text
+        _no_auth_warning, *records = text.splitlines()
+        assert all(record.startswith("20") for record in records), text  # no dump's lines
 
 
 async def test_shard_subscriptions_follow_a_sentinel_failover(tmp_path: Path) -> None:

@@ -24,10 +24,13 @@ from urllib.parse import parse_qsl, unquote
 
 from valkey.asyncio import Valkey
 from valkey.asyncio.sentinel import (
+    MasterNotFoundError,
     Sentinel,
     SentinelManagedConnection,
     SentinelManagedSSLConnection,
 )
+from valkey.exceptions import ConnectionError as ValkeyConnectionError
+from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 SENTINEL_SCHEMES = {
     "valkey+sentinel": False,
@@ -116,6 +119,71 @@ def _host_port(text: str) -> tuple[str, int]:
     return host, int(port) if port else DEFAULT_SENTINEL_PORT
 
 
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _no_primary_line(
+    service: str,
+    sentinels: list[tuple[str, int]],
+    unknown: int = 0,
+    down: int = 0,
+    errors: list[BaseException] | None = None,
+) -> str:
+    """The one line for "no sentinel names a primary for ``service``": which service, which
+    sentinels (addresses only: the URL's credentials stay out), what they answered, what to
+    check. ``unknown``: how many answered without the service, ``down``: how many see its
+    primary down, ``errors``: why the others did not answer (the first is quoted, last)."""
+    why = []
+    if unknown:
+        why.append(
+            "none knows the service"
+            if unknown == len(sentinels)
+            else f"{unknown} know no such service"
+        )
+    if down:
+        why.append(f"{down} see its primary down")
+    if errors:
+        first = " ".join(str(errors[0]).split()).rstrip(".") or type(errors[0]).__name__
+        why.append(f"{len(errors)} did not answer: {first}")
+    where = ", ".join(_address(host, port) for host, port in sentinels)
+    return (
+        f"no primary for service {service!r} from sentinels {where} ({'; '.join(why)}): "
+        "check the service name and that the sentinels run"
+    )
+
+
+class _OneLineSentinel(Sentinel):
+    """valkey-py's Sentinel, but when no sentinel names a primary its MasterNotFoundError is
+    ``_no_primary_line`` instead of valkey-py's list of the repr of every sentinel client
+    and its error (long, with its class paths, in the CLI's one line and serve's log). The look-up is valkey-py's own loop, redone
+    here because it keeps only that text of each sentinel's error."""
+
+    def __init__(self, sentinels: list[tuple[str, int]], **options: Any) -> None:
+        super().__init__(sentinels, **options)  # type: ignore[no-untyped-call]
+        self.addresses = list(sentinels)
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        unknown = down = 0
+        errors: list[BaseException] = []
+        for n, sentinel in enumerate(self.sentinels):
+            try:
+                masters = await sentinel.sentinel_masters()  # type: ignore[no-untyped-call]
+            except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
+                errors.append(exc)
+                continue
+            state = masters.get(service_name)
+            if state is None:
+                unknown += 1
+            elif not self.check_master_state(state, service_name):
+                down += 1
+            else:  # as valkey-py: ask the one that knew first next time
+                self.sentinels[0], self.sentinels[n] = sentinel, self.sentinels[0]
+                return state["ip"], state["port"]
+        line = _no_primary_line(service_name, self.addresses, unknown, down, errors)
+        raise MasterNotFoundError(line)
+
+
 def sentinel_client(
     url: str,
     plain: type[SentinelManagedConnection] = SentinelManagedConnection,
@@ -134,7 +202,7 @@ def sentinel_client(
         to_sentinels["username"] = parsed.sentinel_username
     if parsed.sentinel_password:
         to_sentinels["password"] = parsed.sentinel_password
-    sentinel = Sentinel(parsed.sentinels, sentinel_kwargs=to_sentinels)  # type: ignore[no-untyped-call]
+    sentinel = _OneLineSentinel(parsed.sentinels, sentinel_kwargs=to_sentinels)
     client: Valkey = sentinel.master_for(
         parsed.service,
         connection_class=tls if parsed.tls else plain,
