@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from prompt_outbox import Entry, Outbox, Turn, ambiguous
-from prompt_outbox.core.callbacks import RetryResult
+from prompt_outbox.core.callbacks import DismissResult, RetryResult
 from prompt_outbox.core.entry import Status
 from prompt_outbox.core.errors import InvalidInput
 from prompt_outbox.core.keys import WorkspaceKeys
@@ -60,6 +60,47 @@ async def test_the_series_counts_each_minute_and_carries_the_oldest_over_quiet_o
     assert [p.oldest_pending_for for p in empty] == [None, 0.0]
     with pytest.raises(InvalidInput):
         await outbox.overview.series(WS, minutes=SERIES_SLOTS)
+
+
+async def test_a_dismiss_that_moves_the_oldest_is_recorded_in_its_minute(client: Client) -> None:
+    # replace.lua counts no flow for a dismiss, yet the workspace's oldest moves: without its
+    # own record the quiet minutes after it would show the dismissed entry still aging.
+    clock = ManualClock()
+    outbox = Outbox(client, FAST, clock=clock)
+    old = await outbox.accept(WS, "a", "u", "c1", "old")  # 12:00
+    clock.advance(60)
+    await outbox.accept(WS, "b", "u", "c2", "new")  # 12:01
+    clock.advance(60)
+    assert await outbox.dismiss(WS, "a", old.id) is DismissResult.REMOVED  # 12:02
+    clock.advance(60 * 2 + 30)  # two quiet minutes, then half of 12:04
+    points = await outbox.overview.series(WS, minutes=5)
+    assert [counted(p) for p in points] == [(1, 0, 0), (1, 0, 0)] + [(0, 0, 0)] * 3
+    # From 12:02 the oldest is "new" (12:01), not the dismissed "old" (12:00).
+    assert [p.oldest_pending_for for p in points] == [60.0, 120.0, 120.0, 180.0, 210.0]
+
+
+async def test_a_stage_that_moves_the_oldest_is_recorded_in_its_minute(client: Client) -> None:
+    # Staging the workspace's oldest pending entry makes the next one the oldest (stage.lua,
+    # at the staged copy's send start); the agent reads the series a minute later, mid-send.
+    clock = ManualClock()
+    outbox = Outbox(client, FAST, clock=clock)
+    await outbox.accept(WS, "a", "u", "c1", "first")  # 12:00
+    clock.advance(60)
+    await outbox.accept(WS, "b", "u", "c2", "second")  # 12:01
+    clock.advance(60)  # 12:02: the stage
+    seen: list[SeriesPoint] = []
+
+    async def agent(ws: str, ses: str, entry: Entry) -> Turn | None:
+        clock.advance(60)  # 12:03, the send still on
+        seen.extend(await outbox.overview.series(WS, minutes=2))
+        return None
+
+    assert await outbox.deliver_once(WS, "a", agent)
+    # 12:02's end (12:03) and now (12:03): "second" (12:01) has waited 120 s; "first" is out.
+    assert [(counted(p), p.oldest_pending_for) for p in seen] == [
+        ((0, 0, 0), 120.0),
+        ((0, 0, 0), 120.0),
+    ]
 
 
 async def test_the_ring_holds_at_most_its_slots_and_expires(client: Client) -> None:

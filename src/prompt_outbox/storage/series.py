@@ -21,7 +21,8 @@ that an hour's chart knows the oldest pending entry as it stood before its first
 class SeriesMinute:
     """One minute of a workspace (``minute``: minutes since the epoch): prompts accepted,
     delivered and moved into error, and the oldest pending entry's ``acceptedAt`` (ms) after
-    that minute's last counted change (None: nothing was pending)."""
+    that minute's last change that counted one or moved the oldest (None: nothing was
+    pending)."""
 
     minute: int
     accepted: int

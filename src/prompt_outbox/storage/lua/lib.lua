@@ -343,6 +343,10 @@ end
   A tally in Lua is an array: t[i] the entries in STATUSES[i], t.sent the send start (ms or
   nil), t.oldest (derived ones only). Plain arrays and few tables: these run on the hot path. ]]
 
+-- Set when this script's change moved the workspace's oldest pending entry (set_oldest), so
+-- that it is written into the series' ring (series_moved), and cleared when the ring has it.
+local oldest_moved = false
+
 -- The tally's functions, made on a script's first call: most scripts never move it, and every
 -- closure the prelude makes costs every call of every script (a few us for these).
 local tally_fns
@@ -408,12 +412,24 @@ local function tally()
     redis.call('HSET', K[COUNT], tally_field(ses), table.concat(t, ',', 1, NS) .. ',' .. sent)
   end
 
-  local function set_oldest(K, ses, ms)
+  local function put_oldest(K, ses, ms)
     if ms then
       redis.call('ZADD', K[OLDEST], ms, ses)
     else
       redis.call('ZREM', K[OLDEST], ses)
     end
+  end
+
+  -- put_oldest, noting when the workspace's oldest (the index's first) moves: the session was
+  -- first and its oldest changed, or its new oldest is earlier than the first. (A session tied
+  -- with the first may note a move that changed nothing: one more write of the same value.)
+  local function set_oldest(K, ses, ms)
+    local first = redis.call('ZRANGE', K[OLDEST], 0, 0, 'WITHSCORES')
+    local at = tonumber(first[2])
+    if (first[1] == ses and at ~= ms) or (ms and (at == nil or ms < at)) then
+      oldest_moved = true
+    end
+    put_oldest(K, ses, ms)
   end
 
   -- When a staged (decoded) entry was handed to the agent, ms; nil if it does not say.
@@ -487,8 +503,9 @@ local function tally()
   local function tally_pushed(K, ses, n, at)
     local t = tally_before(K, ses, n)
     if not t then return retally(K, ses) end
-    -- No pending entry before it: the new one is the first in line.
-    if t[AT.pending] == 0 then set_oldest(K, ses, at) end
+    -- No pending entry before it: the new one is the first in line. (accept.lua records the
+    -- series after it anyway: nothing to note, no read more per accept.)
+    if t[AT.pending] == 0 then put_oldest(K, ses, at) end
     move(K, t, 'pending', 1)
     save_tally(K, ses, t)
   end
@@ -535,8 +552,12 @@ end
   older minute is that slot's last lap: it is started again, so the key never holds more than
   SERIES_SLOTS fields, and it expires SERIES_SLOTS minutes after the last minute that began one.
   Called by accept (col 1), complete (2, a claimed send) and restore / replace (3, a move into
-  error): HGET, ZRANGE of one member, HSET (and PEXPIRE once a minute). ]]
+  error): HGET, ZRANGE of one member, HSET (and PEXPIRE once a minute). Every other script
+  whose change moved the workspace's oldest (set_oldest noted it: a stage, retry, dismiss,
+  park, unpark, recovery...) records that alone, counting nothing (series_moved), so a quiet
+  minute's oldest is the backlog as it stood, not as of the last counted flow. ]]
 local SERIES_SLOTS = 120
+-- col nil: count nothing, record the oldest only.
 local function series(K, now, col, n)
   local key = 'outboxseries:' .. string.sub(K[COUNT], 13)
   local minute = math.floor(now / 60000)
@@ -545,11 +566,17 @@ local function series(K, now, col, n)
     '^(%d+),(%d+),(%d+),(%d+),')
   local c, fresh = {0, 0, 0}, tonumber(at) ~= minute
   if not fresh then c = {tonumber(a), tonumber(d), tonumber(f)} end
-  c[col] = c[col] + n
+  if col then c[col] = c[col] + n end
   local first = redis.call('ZRANGE', K[OLDEST], 0, 0, 'WITHSCORES')[2] or ''
   redis.call('HSET', key, field,
     string.format('%d,%d,%d,%d,', minute, c[1], c[2], c[3]) .. first)
   if fresh then redis.call('PEXPIRE', key, SERIES_SLOTS * 60000) end
+  oldest_moved = false
+end
+
+-- The series for a script that counts no flow: the workspace's oldest, if its change moved it.
+local function series_moved(K, now)
+  if oldest_moved then series(K, now) end
 end
 
 -- The sessions and ready indexes, and the count, for one session, given its delivery head's

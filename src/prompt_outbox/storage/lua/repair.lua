@@ -9,7 +9,8 @@
   Output:
     {'ok'}
 
-  Events: none.
+  Events: none. Series: the oldest pending, if the repair moved it (lib.lua series_moved).
 ]]
 refresh(KEYS, ARGV[1], tonumber(ARGV[2]))
+series_moved(KEYS, tonumber(ARGV[2]))
 return {'ok'}

@@ -24,7 +24,8 @@
     {'logs_full', n, ms}  ARGV[4] > 0, as accept.lua's; nothing written
 
   Events: the new status per swapped entry; dismissed per removed one. Series: failed, per
-  entry moved into error (lib.lua series).
+  entry moved into error (lib.lua series); else the oldest pending, if this moved it (a retry,
+  dismiss, park or unpark: series_moved).
 ]]
 local ses, lockval, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if lockval == '' then
@@ -64,5 +65,9 @@ for i = 5, #ARGV, 2 do
   end
 end
 refresh(KEYS, ses, now)
-if failed > 0 then series(KEYS, now, 3, failed) end
+if failed > 0 then
+  series(KEYS, now, 3, failed)
+else
+  series_moved(KEYS, now)
+end
 return {'ok', done}

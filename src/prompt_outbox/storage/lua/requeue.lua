@@ -18,7 +18,8 @@
     {'lost'}       the caller no longer holds the lock; nothing written
     {'changed'}    staging is not what the caller read; nothing written
 
-  Events: verifying, once per entry.
+  Events: verifying, once per entry. Series: the oldest pending, if this moved it (lib.lua
+  series_moved).
 ]]
 local ses, lockval, now, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 if not holds(KEYS, lockval) then return {'lost'} end
@@ -39,4 +40,5 @@ end
 for i = 1, n do emit_state(KEYS, ARGV[4 + n + i]) end
 redis.call('DEL', KEYS[D])
 refresh(KEYS, ses, now)
+series_moved(KEYS, now)
 return {'ok', n}

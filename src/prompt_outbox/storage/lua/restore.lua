@@ -17,7 +17,8 @@
     {'lost'}   nobody holds it (the caller's lease lapsed; see fence); nothing written
     {'gone'}   the staged copy is no longer there (recovered meanwhile); nothing written
 
-  Events: the new status (pending, verifying or error). Series: failed, for error.
+  Events: the new status (pending, verifying or error). Series: failed, for error; else the oldest pending, if
+  this moved it (lib.lua series_moved).
 ]]
 local ses, lockval, staged, new, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local refused = fence(KEYS, lockval)
@@ -28,5 +29,9 @@ redis.call('LREM', KEYS[D], 1, staged)
 local e = emit_state(KEYS, new)
 refresh(KEYS, ses, now)
 -- From staging (delivering) into error: a failed prompt.
-if e and e.status == 'error' then series(KEYS, now, 3, 1) end
+if e and e.status == 'error' then
+  series(KEYS, now, 3, 1)
+else
+  series_moved(KEYS, now)
+end
 return {'ok'}

@@ -11,9 +11,10 @@
   Output:
     {'ok'}
 
-  Events: the entry's status.
+  Events: the entry's status. Series: the oldest pending, if it moved (lib.lua series_moved).
 ]]
 redis.call('RPUSH', KEYS[Q], ARGV[2])
 emit_state(KEYS, ARGV[2])
 refresh(KEYS, ARGV[1], tonumber(ARGV[3]))
+series_moved(KEYS, tonumber(ARGV[3]))
 return {'ok'}

@@ -25,7 +25,8 @@
     {'lost'}   the caller no longer holds the lock; nothing written
     {'gone'}   the entry is no longer in the queue; nothing written
 
-  Events: delivering.
+  Events: delivering. Series: the oldest pending, when staging the workspace's oldest moved
+  it (lib.lua series_moved), at the staged copy's lastAttemptAt (the caller's clock now).
 ]]
 local ses, lockval, original, staged, ran = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if ran ~= '' then
@@ -41,5 +42,10 @@ if redis.call('LLEN', KEYS[D]) == 0 then
 end
 redis.call('RPUSH', KEYS[D], staged)
 redis.call('LREM', KEYS[Q], 1, original)
-T.staged(KEYS, ses, before, T.status_of(original), emit_state(KEYS, staged))
+local e = emit_state(KEYS, staged)
+T.staged(KEYS, ses, before, T.status_of(original), e)
+-- No clock of its own: the staged copy's send start is the caller's now (an undecodable copy
+-- leaves the move to the next recorded change).
+local at = e and parse_ms(e.lastAttemptAt)
+if at and at > 0 then series_moved(KEYS, at) end
 return {'ok'}
