@@ -155,9 +155,9 @@ def _no_primary_line(
 
 class _OneLineSentinel(Sentinel):
     """valkey-py's Sentinel, but when no sentinel names a primary its MasterNotFoundError is
-    ``_no_primary_line`` instead of valkey-py's list of the repr of every sentinel client
-    and its error (long, with its class paths, in the CLI's one line and serve's log). The look-up is valkey-py's own loop, redone
-    here because it keeps only that text of each sentinel's error."""
+    ``_no_primary_line`` instead of valkey-py's list of the repr of every sentinel client and
+    its error (long, with class paths, in the CLI's one line and serve's log). The look-up is
+    valkey-py's own loop, redone here because that one keeps only the text of each error."""
 
     def __init__(self, sentinels: list[tuple[str, int]], **options: Any) -> None:
         super().__init__(sentinels, **options)  # type: ignore[no-untyped-call]
