@@ -312,6 +312,7 @@ class ComposeCluster:
     doc: dict[str, Any]
     ports: dict[str, int]  # service name -> loopback port
     swaps: dict[str, str]  # valkey-N:6379 -> 127.0.0.1:port, for every value
+    pids: list[int]  # the nodes' (sh execs valkey-server in place)
 
     def init(self, root: Path) -> subprocess.CompletedProcess[str]:
         """valkey-init's command, with its environment, valkey-cli being Debian's redis-cli."""
@@ -324,14 +325,24 @@ class ComposeCluster:
         return subprocess.run(argv, env=env, cwd=root, capture_output=True, text=True, timeout=60)
 
 
-def _node_argv(command: list[str], port: int, root: Path) -> list[str]:
-    """A node's command here: the bundled binary, our port, the hostname it announces ours,
-    and what a container gives by itself (its own bind address, bus port and /data)."""
-    argv = [str(valkey_server_binary()), *command[1:]]
-    argv[argv.index("--port") + 1] = str(port)
-    argv[argv.index("--cluster-announce-hostname") + 1] = "127.0.0.1"
+IMAGE_START = "docker-entrypoint.sh valkey-server"
+
+
+def _node_argv(service: dict[str, Any], port: int, root: Path) -> list[str]:
+    """A node's entrypoint and command here: the bundled binary where the script starts the
+    image's entrypoint (which only drops to the valkey user), our port, the hostname it
+    announces ours, and what a container gives by itself (its own bind address, bus port and
+    /data). ``--set-proc-title no`` keeps /proc/<pid>/cmdline as it was started (valkey-server
+    rewrites it to its title after start: a password on it is in ``ps`` until then)."""
+    sh, flag, script, name = service["entrypoint"]
+    assert script.count(IMAGE_START) == 1, script
+    script = script.replace(IMAGE_START, shlex.quote(str(valkey_server_binary())))
+    options = list(service["command"])
+    options[options.index("--port") + 1] = str(port)
+    options[options.index("--cluster-announce-hostname") + 1] = "127.0.0.1"
+    here = ["--bind", "127.0.0.1", "--cluster-port", str(free_port()), "--dir", str(root)]
     root.mkdir()
-    return [*argv, "--bind", "127.0.0.1", "--cluster-port", str(free_port()), "--dir", str(root)]
+    return [sh, flag, script, name, *options, *here, "--set-proc-title", "no"]
 
 
 def _passes(shell: str, env: dict[str, str]) -> bool:
@@ -357,15 +368,16 @@ def compose_cluster(
     procs = []
     try:
         for name in nodes:
-            argv = _node_argv(doc["services"][name]["command"], ports[name], root / name)
-            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
+            argv = _node_argv(doc["services"][name], ports[name], root / name)
+            env = {"PATH": os.environ["PATH"], **doc["services"][name]["environment"]}
+            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL))
         for name in nodes:  # each node's own healthcheck, as depends_on waits for it
             test = doc["services"][name]["healthcheck"]["test"]
             assert test[0] == "CMD-SHELL"
             check = test[1].replace("valkey-cli", f"{tool('redis-cli')} -p {ports[name]}")
             env = {"PATH": os.environ["PATH"], **doc["services"][name]["environment"]}
             wait_until(lambda: _passes(check, env), 20, f"{name} healthy")  # noqa: B023
-        cluster = ComposeCluster(doc, ports, swaps)
+        cluster = ComposeCluster(doc, ports, swaps, [proc.pid for proc in procs])
         made = cluster.init(root)
         assert made.returncode == 0, made.stdout + made.stderr
         for port in ports.values():
@@ -389,6 +401,21 @@ def test_compose_file_names_its_images_and_publishes_on_loopback() -> None:
     assert doc["secrets"]["prompt-outbox-tokens"] == {"file": "./tokens.json"}
     with pytest.raises(KeyError, match="VALKEY_PASSWORD"):  # no cluster without a password
         interpolate(doc, {})
+
+
+def test_compose_nodes_keep_the_password_off_their_command_line(
+    compose_cluster: ComposeCluster,
+) -> None:
+    """Each node's argv, as the kernel holds it (what ``ps`` on the host shows), has no
+    password, yet the node asks for it: it came in on stdin."""
+    for pid in compose_cluster.pids:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert argv[1:3] == [b"-", b"--port"], argv  # valkey-server itself, config on stdin
+        assert not any(PASSWORD.encode() in arg for arg in argv), argv
+    for port in compose_cluster.ports.values():
+        node = valkey.Valkey(host="127.0.0.1", port=port, socket_timeout=5)
+        with node, pytest.raises(valkey.AuthenticationError, match="Authentication required"):
+            node.ping()
 
 
 def test_compose_serve_and_two_workers_deliver_on_its_cluster(
