@@ -14,6 +14,10 @@ own, the place keeps its note and this list names it:
   finds nothing wanted (storage/shardsub.py, ``aclose``).
 - the cluster client has no ``spublish()``: ``SPUBLISH`` goes through ``execute_command``,
   which routes by channel (storage/dueindex.py, ``ask_abort``; tests/test_compat.py).
+- ``Sentinel.discover_master`` keeps only the text of each sentinel's error, and its
+  MasterNotFoundError lists every sentinel client's repr: storage/sentinel.py redoes that
+  public method's short loop (``_OneLineSentinel``) for a one-line message
+  (tests/test_sentinel.py pins the line).
 """
 
 from __future__ import annotations
