@@ -19,7 +19,7 @@ import httpx
 import yaml
 
 from prompt_outbox import Entry, Outbox, Turn
-from prompt_outbox.core.keys import WorkspaceKeys
+from prompt_outbox.core.keys import SessionKeys, WorkspaceKeys
 from prompt_outbox.core.metrics import Metrics
 from prompt_outbox.embedded import free_port
 from prompt_outbox.storage.client import Client
@@ -239,6 +239,29 @@ async def test_the_gauges_count_the_oldest_pending_and_the_sessions_in_turn(
         assert got[("prompt_outbox_oldest_pending_seconds", ())] == 0
         assert (await worker.end_turn("acme", "a", "t-a")).ended
         assert (await worker.overview.fleet_counts()).in_turn == 2
+
+
+async def test_the_in_turn_gauge_counts_turns_no_worker_owns(client: Client) -> None:
+    # deliver_once runs no worker: its turn has no owner (outboxturns names none), yet the
+    # session is in turn, and another process's count sees it.
+    sender, counter = Outbox(client, FAST), Outbox(client, FAST)
+
+    async def turned(ws: str, ses: str, entry: Entry) -> Turn:
+        return Turn(f"t-{ses}")
+
+    for ses in ("a", "b"):
+        await sender.accept("acme", ses, "u", "c1", "x")
+        assert await sender.deliver_once("acme", ses, turned)
+    assert await client.hlen(WorkspaceKeys("acme").turns) == 0  # type: ignore[misc]
+    fleet = await counter.overview.fleet_counts()
+    assert fleet.in_turn == 2
+    assert samples(counter.metrics.render(fleet, 1.0).decode())[("prompt_outbox_in_turn", ())] == 2
+    assert (await sender.end_turn("acme", "a", "t-a")).ended
+    assert (await counter.overview.fleet_counts()).in_turn == 1
+    assert await client.zcard(WorkspaceKeys("acme").in_turn) == 1  # its end took "a" off
+    # A turn whose lock lapsed (deleted here) is not counted, though the index still names it.
+    await client.delete(SessionKeys("acme", "b").lock)
+    assert (await counter.overview.fleet_counts()).in_turn == 0
 
 
 async def _held(client: Client, *workspaces: str) -> bool:

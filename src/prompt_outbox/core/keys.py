@@ -61,6 +61,7 @@ WORKSPACE_KEY_PREFIXES: tuple[str, ...] = (
     "outboxturns:",
     "outboxturnend:",
     "outboxseries:",
+    "outboxinturn:",
 )
 """The prefix of every key that belongs to one workspace: each is ``<prefix>{<ws>}``, alone
 or followed by ``:`` and the rest. Cleanup deletes exactly the keys under these
@@ -214,6 +215,14 @@ class WorkspaceKeys:
         """HASH session -> owner: the workspace's turns held by a running worker (core/turns.py),
         where another looks for them when that worker's heartbeat lapses (``OWNERS``)."""
         return f"outboxturns:{{{self.ws}}}"
+
+    @property
+    def in_turn(self) -> str:
+        """ZSET session -> when its turn's lock lapses at the latest (server ms): every session
+        a claim put in turn, owned or not (``complete.lua``), until its turn ends
+        (``turn_end.lua``) or lapses (pruned at the next turn's start; the key expires with
+        the last lock). A superset: its reader checks each lock (the metrics' in-turn count)."""
+        return f"outboxinturn:{{{self.ws}}}"
 
     @property
     def series(self) -> str:

@@ -35,7 +35,7 @@ _TURN_BUCKETS = (1.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0, 720
 class FleetCounts:
     """What every replica reads alike from Valkey for the gauges: the entries by status, the
     oldest pending entry's ``acceptedAt`` (ms; None when nothing is pending), and the sessions
-    held in turn by a worker (``outboxturns``)."""
+    in turn, whoever sent their prompt (``outboxinturn``, each lock checked)."""
 
     by_status: Mapping[str, int]
     oldest_pending_ms: int | None = None
@@ -199,8 +199,8 @@ class Metrics:
         )
         self.in_turn = Gauge(
             "prompt_outbox_in_turn",
-            "Sessions held in turn by a running worker (the agent working on a delivered "
-            "prompt), as last counted. Turns sent by deliver_once (no worker) are not counted.",
+            "Sessions in turn (the agent working on a delivered prompt), whoever sent it "
+            "(a worker, deliver_once, another process), as last counted.",
             registry=r,
         )
         # NaN until a count: "not known" (with --metrics-count-interval 0, never), not "none".

@@ -295,7 +295,7 @@ class Store:
         by ``owner`` if not ''."""
         w = k.workspace
         keys = [*k.script_keys(), k.claim(entry_id), w.notices, w.notices_due, w.turns]
-        keys.append(k.early_end)
+        keys += [k.early_end, w.in_turn]
         args = [k.ses, entry_id, lockval, now_ms, _CLAIM_MARKER_TTL_MS, entry, grace_ms]
         args += [next_lease_ms, turn, turn_ms, owner, turn_id]
         claim, rest = parse(Claim, await self._run("complete", keys, args))

@@ -44,7 +44,7 @@ class TurnStore:
         """End the session's turn of that ID (turn_end.lua): what it was, or None if the
         session holds no such turn. Marks the due index if that made work due sooner."""
         args = [k.ses, turn_id, now_ms, why, EARLY_END_MS]
-        keys = [*k.script_keys(), k.workspace.turns, k.early_end]
+        keys = [*k.script_keys(), k.workspace.turns, k.early_end, k.workspace.in_turn]
         word, rest = parse(TurnWrite, await self._run("turn_end", keys, args))
         if word is TurnWrite.GONE:
             return None

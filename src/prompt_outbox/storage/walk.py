@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from ..core.entry import Status
 from ..core.errors import InvalidInput
 from ..core.keys import SessionKeys, WorkspaceKeys, buckets, status_total
+from ..core.turns import is_turn
 from .client import Client
 from .dueindex import DueIndex
 from .replies import Tally, WorkspaceTally, counts, ms_or_none, text
@@ -142,20 +144,34 @@ class Walk:
     async def all_tallies_and_turns(
         self, *, with_turns: bool = True
     ) -> AsyncIterator[tuple[WorkspaceTally, int]]:
-        """``all_tallies``, each with the workspace's sessions held in turn by a worker (HLEN
-        of ``outboxturns``, one more small read a workspace in the same batches; 0 unasked)."""
+        """``all_tallies``, each with the workspace's sessions in turn (0 unasked): held by a
+        worker or not (``deliver_once``, another process, a dead worker's), as
+        ``sessions_in_turn`` counts them, in the same batches."""
         registered = sorted(await self.workspaces())
         for i in range(0, len(registered), _WALK_BATCH):
             batch = registered[i : i + _WALK_BATCH]
             tallies = await self.workspace_tallies(batch)
-            held = [0] * len(batch)
-            if with_turns:
-                pipe = self.client.pipeline(transaction=False)
-                for ws in batch:
-                    pipe.hlen(WorkspaceKeys(ws).turns)
-                held = [int(n) for n in await pipe.execute(raise_on_error=True)]
+            held = await self.sessions_in_turn(batch) if with_turns else [0] * len(batch)
             for tally, n in zip(tallies, held, strict=True):
                 yield tally, n
+
+    async def sessions_in_turn(self, names: Sequence[str]) -> list[int]:
+        """Each named workspace's sessions whose lock is a turn now: the members of its
+        ``in_turn`` index (every claim that began a turn), each lock read to drop those whose
+        turn lapsed. Two pipelined round trips, O(sessions in turn): no entry is read."""
+        pipe = self.client.pipeline(transaction=False)
+        for ws in names:
+            pipe.zrange(WorkspaceKeys(ws).in_turn, 0, -1)
+        members: list[list[Any]] = await pipe.execute(raise_on_error=True)
+        pairs = zip(names, members, strict=True)
+        locks = [SessionKeys(ws, text(m)).lock for ws, ms in pairs for m in ms]
+        if not locks:
+            return [0] * len(names)
+        pipe = self.client.pipeline(transaction=False)
+        for lock in locks:
+            pipe.get(lock)
+        values = iter(await pipe.execute(raise_on_error=True))
+        return [sum(is_turn(text(v)) for v in islice(values, len(ms)) if v) for ms in members]
 
     async def staging_lengths(self, keys: Sequence[SessionKeys]) -> list[int]:
         """Each session's staging length (one pipelined round trip)."""

@@ -20,6 +20,7 @@
     KEYS[13]   their due times (ZSET)
     KEYS[14]   the workspace's turns by owner (HASH session -> owner)
     KEYS[15]   the session's early end (STRING: a turn ID ended before it was held)
+    KEYS[16]   the workspace's sessions in turn (ZSET session -> its lock's lapse, server ms)
     ARGV[1]    session ID
     ARGV[2]    entry ID
     ARGV[3]    lock value
@@ -97,6 +98,16 @@ elseif claimed and turn ~= '' then
   -- The session is now the turn's: held, by no worker, until the turn ends.
   redis.call('SET', KEYS[L], turn, 'PX', ARGV[10])
   if ARGV[11] ~= '' then redis.call('HSET', KEYS[14], ses, ARGV[11]) end
+  -- Among the workspace's sessions in turn, scored by when this lock lapses at the latest:
+  -- by the server's clock, as the lock's expiry is. Lapsed members go here (a turn's end
+  -- takes its own off), and the key expires with the last lock it can name. The metrics'
+  -- in-turn count checks each member's lock (storage/walk.py): O(sessions in turn).
+  local t = redis.call('TIME')
+  local at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local hold = tonumber(ARGV[10])
+  redis.call('ZREMRANGEBYSCORE', KEYS[16], '-inf', at)
+  redis.call('ZADD', KEYS[16], at + hold, ses)
+  if redis.call('PTTL', KEYS[16]) < hold then redis.call('PEXPIRE', KEYS[16], hold) end
   emit(KEYS, 'turn', id, turn)
 end
 if removed > 0 and not (error_d or error_q) then

@@ -7,6 +7,7 @@
     KEYS[1..10] session keys
     KEYS[11]   the workspace's turns by owner (HASH session -> owner)
     KEYS[12]   the session's early end (STRING: a turn ID ended before it was held)
+    KEYS[13]   the workspace's sessions in turn (ZSET, complete.lua's KEYS[16])
     ARGV[1]    session ID
     ARGV[2]    turn ID
     ARGV[3]    now, ms
@@ -34,6 +35,7 @@ end
 local before = ready_of(KEYS, ses)
 redis.call('DEL', KEYS[L])
 redis.call('HDEL', KEYS[11], ses)
+redis.call('ZREM', KEYS[13], ses)
 local since = tonumber(record.since) or now
 emit_turn_ended(KEYS, tostring(record.entry), turn, math.max(0, now - since) / 1000, why)
 refresh_head(KEYS, ses, now)
