@@ -245,6 +245,8 @@ async def test_the_in_turn_gauge_counts_turns_no_worker_owns(client: Client) -> 
     # deliver_once runs no worker: its turn has no owner (outboxturns names none), yet the
     # session is in turn, and another process's count sees it.
     sender, counter = Outbox(client, FAST), Outbox(client, FAST)
+    index = WorkspaceKeys("acme").in_turn
+    await client.zadd(index, {"lapsed": 1})  # a member whose lock lapsed long ago
 
     async def turned(ws: str, ses: str, entry: Entry) -> Turn:
         return Turn(f"t-{ses}")
@@ -253,12 +255,14 @@ async def test_the_in_turn_gauge_counts_turns_no_worker_owns(client: Client) -> 
         await sender.accept("acme", ses, "u", "c1", "x")
         assert await sender.deliver_once("acme", ses, turned)
     assert await client.hlen(WorkspaceKeys("acme").turns) == 0  # type: ignore[misc]
+    # The turns' start pruned the lapsed member, and the index expires with the last lock.
+    assert await client.zscore(index, "lapsed") is None and await client.pttl(index) > 0
     fleet = await counter.overview.fleet_counts()
     assert fleet.in_turn == 2
     assert samples(counter.metrics.render(fleet, 1.0).decode())[("prompt_outbox_in_turn", ())] == 2
     assert (await sender.end_turn("acme", "a", "t-a")).ended
     assert (await counter.overview.fleet_counts()).in_turn == 1
-    assert await client.zcard(WorkspaceKeys("acme").in_turn) == 1  # its end took "a" off
+    assert await client.zcard(index) == 1  # its end took "a" off
     # A turn whose lock lapsed (deleted here) is not counted, though the index still names it.
     await client.delete(SessionKeys("acme", "b").lock)
     assert (await counter.overview.fleet_counts()).in_turn == 0
