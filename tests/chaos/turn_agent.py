@@ -23,12 +23,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from prompt_outbox.core.signature import SESSION_HEADER, WORKSPACE_HEADER
-from prompt_outbox.webhook import WebhookSignatureError, verify_signature
+from prompt_outbox.webhook import WebhookSignatureError
+from tests.support.agent import AgentHandler
 
 from .settings import AGENT_STALL, CHAOS_FAULTS, TURN_BY_CHECK_ONLY, TURN_SECONDS
 
@@ -73,45 +72,30 @@ class TurnAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         agent = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(AgentHandler):
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                try:
-                    verify_signature(agent._secret, self.headers, body)
-                except WebhookSignatureError as exc:
-                    self._answer(401, str(exc).encode())
+                post = self.signed_post(agent._secret)
+                if isinstance(post, WebhookSignatureError):
+                    self.send_body(401, str(post).encode())
                     return
-                ws, ses = self.headers[WORKSPACE_HEADER], self.headers[SESSION_HEADER]
-                fate, turn = agent.arrive(ws, ses, json.loads(body)["id"])
+                fate, turn = agent.arrive(post.signed.workspace, post.session, post.id)
                 if fate in FATE_STATUS:
-                    self._answer(FATE_STATUS[fate], b"not now")
+                    self.send_body(FATE_STATUS[fate], b"not now")
                 elif fate.startswith("cut_"):
                     self.connection.shutdown(2)
                 else:
                     if fate == "stall_after_recording":
                         time.sleep(agent._stall)
-                    self._answer(202, json.dumps({"turn": turn}).encode())
+                    self.send_body(202, json.dumps({"turn": turn}).encode())
 
             def do_GET(self) -> None:
                 query = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
                 if "turn" in query:
                     word = agent.turn_state(query["turn"])
-                    self._answer(200 if word != "unknown" else 404, word.encode())
+                    self.send_body(200 if word != "unknown" else 404, word.encode())
                 else:
                     seen = agent.recorded(query.get("id", ""))
-                    self._answer(200, b"delivered" if seen else b"absent")
-
-            def _answer(self, status: int, body: bytes) -> None:
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except OSError:
-                    pass  # the client gave up (its timeout): that is the point of a stall
+                    self.send_body(200, b"delivered" if seen else b"absent")
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

@@ -154,21 +154,48 @@ class Agent:
         self._server.server_close()
 
 
-def _server(agent: Agent) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+class AgentHandler(BaseHTTPRequestHandler):
+    """What every loopback agent's request handler does alike: no access log, a POST's body
+    read and its signature checked, an answer written whole (this one, and chaos's
+    ``TurnAgent``, which draws its own fates)."""
 
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def signed_post(self, secret: bytes | str) -> Post | WebhookSignatureError:
+        """The POST's body with what its signature vouches for, or why it does not check out
+        (the caller answers 401)."""
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            signed = verify_signature(secret, self.headers, body)
+        except WebhookSignatureError as exc:
+            return exc
+        return Post(dict(self.headers), body, signed)
+
+    def send_body(self, status: int, body: bytes, kind: str | None = None) -> bool:
+        """Answer; False when the client had gone (the answer never reached it)."""
+        try:
+            self.send_response(status)
+            if kind:
+                self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+        except OSError:
+            return False
+        return True
+
+
+def _server(agent: Agent) -> ThreadingHTTPServer:
+    class Handler(AgentHandler):
         def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            try:
-                signed = verify_signature(agent.secret, self.headers, body)
-            except WebhookSignatureError as exc:
+            post = self.signed_post(agent.secret)
+            if isinstance(post, WebhookSignatureError):
                 with agent.lock:
-                    agent.refused.append(exc)
-                self._send(401, b"")
+                    agent.refused.append(post)
+                self.send_body(401, b"")
                 return
-            post = Post(dict(self.headers), body, signed)
             answer = agent.answer(post)
             if answer.record:
                 with agent.lock:
@@ -180,7 +207,7 @@ def _server(agent: Agent) -> ThreadingHTTPServer:
             if answer.cut:
                 self.connection.shutdown(2)
                 return
-            written = self._send(answer.status, answer.body, "application/json")
+            written = self.send_body(answer.status, answer.body, "application/json")
             with agent.lock:
                 agent.answered.append((post.id, answer.status, written))
 
@@ -196,23 +223,9 @@ def _server(agent: Agent) -> ThreadingHTTPServer:
                     ran = any(post.id == entry_id for post in agent.received)
                     said = "delivered" if ran else "absent"
             if isinstance(said, str) and not agent.plain_verify:
-                self._send(200, json.dumps({"status": said}).encode(), "application/json")
+                self.send_body(200, json.dumps({"status": said}).encode(), "application/json")
             else:
-                self._send(200, said.encode() if isinstance(said, str) else said, "text/plain")
-
-        def _send(self, status: int, body: bytes, kind: str | None = None) -> bool:
-            """Answer; False when the client had gone (the answer never reached it)."""
-            try:
-                self.send_response(status)
-                if kind:
-                    self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                self.wfile.flush()
-            except OSError:
-                return False
-            return True
+                self.send_body(200, said.encode() if isinstance(said, str) else said, "text/plain")
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True  # a held or stalled POST never blocks the server's close
