@@ -112,11 +112,8 @@ def running_url(data_dir: str | Path) -> str | None:
     except FileNotFoundError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pass  # held: someone runs it
-    else:
-        return None  # nobody holds it (closing the fd below releases our probe)
+        if _locked(fd):
+            return None  # nobody holds it (closing the fd below releases our probe)
     finally:
         os.close(fd)
     try:
