@@ -7,6 +7,7 @@ connections it drops then are part of the stop, not a fault, and are logged belo
 
 from __future__ import annotations
 
+import logging
 import threading
 
 _STOPPING = threading.Event()  # set once, never cleared: a process does not un-stop
@@ -20,3 +21,9 @@ def begin_stop() -> None:
 def stopping() -> bool:
     """Whether :func:`begin_stop` was called: a lost Valkey connection is then expected."""
     return _STOPPING.is_set()
+
+
+def loss_level(closing: bool = False) -> int:
+    """The level to log a lost Valkey connection at: INFO while its owner is ``closing`` or
+    the process stops (expected), WARNING otherwise (a real loss)."""
+    return logging.INFO if closing or stopping() else logging.WARNING

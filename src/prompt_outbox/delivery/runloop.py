@@ -31,7 +31,7 @@ from ..core.callbacks import Deliverer, Wiring
 from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.logctx import log_context
 from ..core.settings import Tunables
-from ..core.stopping import stopping
+from ..core.stopping import loss_level
 from ..storage.dueindex import Mark, Visit, parse_abort
 from ..storage.shardsub import ShardSubscriber
 from ..storage.store import TRANSIENT_ERRORS, Store
@@ -215,7 +215,7 @@ class RunLoop:
                 ):
                     last_repair = now
             except TRANSIENT_ERRORS as exc:
-                log.log(self._loss_level(), "valkey unavailable, retrying: %s", exc)
+                log.log(loss_level(self.stopping), "valkey unavailable, retrying: %s", exc)
             except Exception:
                 log.exception("run loop pass failed")
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
@@ -378,14 +378,9 @@ class RunLoop:
             try:
                 await self.engine.drain(k, self.deliverer, stopping=lambda: self.stopping)
             except TRANSIENT_ERRORS as exc:
-                log.log(self._loss_level(), "session step interrupted: %s", exc)
+                log.log(loss_level(self.stopping), "session step interrupted: %s", exc)
             except Exception:
                 log.exception("session step failed")
-
-    def _loss_level(self) -> int:
-        """WARNING for a lost Valkey, INFO while this loop or the process stops (the stop
-        signal may have reached the embedded Valkey first: expected, not a fault)."""
-        return logging.INFO if self.stopping or stopping() else logging.WARNING
 
     def _heard(self, channel: str, ws: str | None) -> None:
         """A mark published its workspace (visit it at once), an interrupt asks for an abort

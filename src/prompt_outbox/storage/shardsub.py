@@ -34,7 +34,7 @@ from valkey.asyncio.connection import AbstractConnection, Connection
 from valkey.crc import key_slot
 from valkey.exceptions import MovedError
 
-from ..core.stopping import stopping
+from ..core.stopping import loss_level
 from .client import Client
 from .topology import Topology
 
@@ -312,8 +312,7 @@ class _Link:
         except Exception as exc:
             # Closing, or the process's own stop (its signal may have stopped the server
             # too): expected, so not a warning. A real loss is.
-            quiet = self.owner.closed or stopping()
-            level = logging.INFO if quiet else logging.WARNING
+            level = loss_level(self.owner.closed)
             log.log(level, "shard subscriptions to %s:%s lost: %s", *self.address, exc)
             self.owner.failed(self)
         finally:
