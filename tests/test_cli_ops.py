@@ -24,11 +24,12 @@ import valkey
 import valkey.asyncio as valkey_async
 from click.testing import CliRunner
 
-from prompt_outbox import Outbox
+from prompt_outbox import Entry, Outbox
 from prompt_outbox.api.auth import TokenTable
 from prompt_outbox.cli import main
 from prompt_outbox.cli.tokens import add_token
 from prompt_outbox.embedded import EmbeddedValkey, free_port, running_url
+from tests.support.agent import SECRET, Agent, Answer
 from tests.support.failover import wait_for
 from tests.support.logs import logged_service
 from tests.support.processes import process_group
@@ -228,14 +229,18 @@ def test_sigterm_with_open_event_streams_exits_cleanly(tmp_path: Path) -> None:
 
 
 @contextmanager
-def serve_delivering(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """serve on its embedded Valkey, leading a process group (as a shell job or a systemd
-    unit), with a worker whose receiver is away (a prompt waits, tried again and again): its
-    subscriptions are open. Yields the process and the data dir; its log is serve.log."""
+def serve_delivering(
+    tmp_path: Path, hook: str | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """serve on its embedded Valkey, leading a process group (as a shell job), with a worker
+    delivering one prompt to ``hook`` (by default a receiver that is away: the prompt waits,
+    tried again and again), its subscriptions open. Yields the process and the data dir; its
+    log is serve.log. Webhooks are signed with SECRET."""
     port, data = free_port(), tmp_path / "data"
+    hook = hook or f"http://127.0.0.1:{free_port()}/hook"
     argv = [BIN, "serve", "--no-auth", "--port", str(port), "--data-dir", str(data),
-            "--webhook-url", f"http://127.0.0.1:{free_port()}/hook"]  # fmt: skip
-    env = {**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": "s"}
+            "--webhook-url", hook]  # fmt: skip
+    env = {**os.environ, "PROMPT_OUTBOX_WEBHOOK_SECRET": SECRET.decode()}
     with (tmp_path / "serve.log").open("wb") as err, process_group(argv, env, stderr=err) as proc:
         wait_healthy(port)
         url = f"http://127.0.0.1:{port}/v1/workspaces/acme/sessions/s1/prompts"
@@ -248,14 +253,35 @@ def warnings_in(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if " WARNING prompt_outbox" in line]
 
 
-def test_a_stop_signal_to_the_process_group_logs_no_lost_subscription(tmp_path: Path) -> None:
-    # Ctrl-C, a shell's kill %1 and systemd's stop signal the whole group: the embedded
-    # valkey-server stops at the same time as serve, and that loss is part of the stop.
-    with serve_delivering(tmp_path) as (proc, _):
-        os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    said = (tmp_path / "serve.log").read_text()
-    assert "Finished server process" in said and warnings_in(tmp_path / "serve.log") == [], said
+def test_a_stop_signal_to_the_process_group_lets_the_send_in_flight_be_written(
+    tmp_path: Path,
+) -> None:
+    # Ctrl-C and a shell's kill %1 signal the whole group. The embedded valkey-server leads a
+    # group of its own, so serve finishes the send in flight, writes its outcome, and only then
+    # stops the server. (When they shared the group, the server was gone before the write:
+    # it retried for 30 s, and the entry was left to be verified after its lease.)
+    log = tmp_path / "serve.log"
+    with Agent(SECRET) as agent:
+        agent.actions = [Answer(hold=True)]
+        with serve_delivering(tmp_path, agent.url) as (proc, data):
+            wait_for(lambda: agent.ids() != [], timeout=30, what="the prompt never came")
+            os.killpg(proc.pid, signal.SIGTERM)
+            wait_for(lambda: "Shutting down" in log.read_text(), timeout=30, what="no stop")
+            agent.released.set()  # the agent answers 200 to the send in flight
+            assert proc.wait(timeout=30) == 0
+    said = log.read_text()
+    assert "Finished server process" in said and warnings_in(log) == [], said
+    assert "never reached Valkey" not in said, said
+    with EmbeddedValkey(data) as server:  # free at once: serve stopped its server
+        assert asyncio.run(listed(server.url)) == []  # delivered: not staged, not queued
+
+
+async def listed(url: str) -> list[Entry]:
+    client = valkey_async.Valkey.from_url(url)
+    try:
+        return await Outbox(client).list("acme", "s1")
+    finally:
+        await client.aclose()
 
 
 def test_a_valkey_lost_while_serve_runs_is_still_a_warning(tmp_path: Path) -> None:

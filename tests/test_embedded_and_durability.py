@@ -26,26 +26,41 @@ def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None
         pass
 
 
-def _orphan(data_dir: Path) -> tuple[int, int]:
-    """An embedded server whose owning process was SIGKILLed after it wrote a key: the
-    server's pid and port (the server lives on, holding the data dir's lock)."""
+def _killed_owner(data_dir: Path, outlive_owner: bool) -> tuple[int, int]:
+    """Start an embedded server in a process of its own, write a key, SIGKILL that process:
+    the server's pid and port."""
     code = (
         "import sys, time, valkey\n"
         "from prompt_outbox.embedded import EmbeddedValkey\n"
-        "s = EmbeddedValkey(sys.argv[1]); s.start()\n"
+        "s = EmbeddedValkey(sys.argv[1], outlive_owner=sys.argv[2] == 'yes'); s.start()\n"
         "valkey.Valkey.from_url(s.url).set('kept', 'yes')\n"
         "print(s.proc.pid, s.port, flush=True)\n"
         "time.sleep(60)\n"
     )
-    owner = subprocess.Popen(
-        [sys.executable, "-c", code, str(data_dir)], stdout=subprocess.PIPE, text=True
-    )
+    argv = [sys.executable, "-c", code, str(data_dir), "yes" if outlive_owner else "no"]
+    owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None
     server_pid, port = map(int, owner.stdout.readline().split())
     owner.send_signal(signal.SIGKILL)
     owner.wait()
+    return server_pid, port
+
+
+def _orphan(data_dir: Path) -> tuple[int, int]:
+    """An embedded server started to outlive its owner, whose owner was SIGKILLed: the
+    server's pid and port (it lives on, holding the data dir's lock)."""
+    server_pid, port = _killed_owner(data_dir, outlive_owner=True)
     os.kill(server_pid, 0)  # the orphan lives on
     return server_pid, port
+
+
+def test_a_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    # kill -9 on serve alone: its server goes too (the parent-death signal), as it did when
+    # the two shared a process group, and the data dir is free for the next start at once.
+    server_pid, _ = _killed_owner(tmp_path, outlive_owner=False)
+    _wait_gone(server_pid)
+    with EmbeddedValkey(tmp_path) as again:
+        assert valkey_sync.Valkey.from_url(again.url).get("kept") == b"yes"  # from the AOF
 
 
 def test_an_orphaned_server_is_stopped_and_its_place_taken(tmp_path: Path) -> None:

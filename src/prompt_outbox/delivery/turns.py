@@ -33,6 +33,7 @@ from ..core.keys import SessionKeys, WorkspaceKeys
 from ..core.logctx import log_context
 from ..core.metrics import Metrics
 from ..core.settings import Tunables
+from ..core.stopping import loss_level
 from ..storage.store import TRANSIENT_ERRORS, Store
 from ..storage.turnstore import EndedTurn
 from . import traced
@@ -275,7 +276,7 @@ class Turns:
                         asked = time.monotonic()
                         self._beside(side, "ask", self._ask_owned(deliverer))
                 except TRANSIENT_ERRORS as exc:
-                    log.warning("turn keeping interrupted: %s", exc)
+                    log.log(loss_level(), "turn keeping interrupted: %s", exc)
                 except Exception:
                     log.exception("turn keeping pass failed")
                 await asyncio.sleep(t.lease_ttl / 3)

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from .child import dies_with_this_process
 from .compat import valkey_server_binary
 
 log = logging.getLogger("prompt_outbox.storage")
@@ -142,16 +143,26 @@ class EmbeddedValkey:
     ``maxmemory`` (bytes; default ``default_maxmemory()``, 0 for none) bounds what it stores:
     with ``noeviction`` it refuses writes past it, so accepts stop at
     ``Tunables.accept_memory_ratio`` of it first. ``password`` is read from (or, at the first
-    start, made in) the data dir by ``start``; ``url`` carries it."""
+    start, made in) the data dir by ``start``; ``url`` carries it.
+
+    The server leads a process group of its own, and dies with this process unless it was
+    stopped first (storage/child.py). ``outlive_owner=True`` lets it live on after this
+    process is killed, as an orphan the next start takes over (the tests make one so)."""
 
     def __init__(
-        self, data_dir: str | Path, port: int | None = None, *, maxmemory: int | None = None
+        self,
+        data_dir: str | Path,
+        port: int | None = None,
+        *,
+        maxmemory: int | None = None,
+        outlive_owner: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self._port_chosen = port is not None
         self.maxmemory = default_maxmemory() if maxmemory is None else maxmemory
         self.password = ""
+        self.outlive_owner = outlive_owner
         self.proc: subprocess.Popen[bytes] | None = None
         self._lock_fd: int | None = None
 
@@ -165,9 +176,10 @@ class EmbeddedValkey:
 
         Raises DataDirInUse if another process holds the data directory: two servers on one
         AOF would corrupt it. The lock (flock) dies with its holder and the server it started
-        (which inherits it). Where the holder is gone but its server lives on (the holder
-        alone was SIGKILLed), that orphan is asked to shut down, and this one takes its
-        place, on its port unless one was given (``_take_over``).
+        (which inherits it). Where the holder is gone but its server lives on (one started
+        with ``outlive_owner``, or by a version before the server died with its owner), that
+        orphan is asked to shut down, and this one takes its place, on its port unless one
+        was given (``_take_over``).
         Raises UnsafeDataDir if the data dir or its password file is not this user's, or the
         password file is open to others.
         """
@@ -193,11 +205,18 @@ class EmbeddedValkey:
         ]  # fmt: skip
         fd = os.open(self.data_dir / _LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "ab") as out:
-            # The server inherits the lock: if this process is SIGKILLed, an orphaned server
-            # still guards its AOF until it exits too. umask 077: its AOF files are 0600.
+            # The server inherits the lock: it guards its AOF for as long as it runs, even
+            # past this process. umask 077: its AOF files are 0600. A group of its own, so
+            # a stop signal to ours reaches only us (we stop it after our last write).
             assert self._lock_fd is not None
             self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, pass_fds=(self._lock_fd,), umask=0o077
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(self._lock_fd,),
+                umask=0o077,
+                process_group=0,
+                preexec_fn=None if self.outlive_owner else dies_with_this_process(),
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
