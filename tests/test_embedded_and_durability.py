@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import valkey.asyncio as valkey_async
 
 from prompt_outbox.durability import DurabilityError, check_durability, durability_problems
 from prompt_outbox.embedded import DataDirInUse, EmbeddedValkey
+from tests.support.processes import gone
 
 
 def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
@@ -58,9 +58,29 @@ def test_a_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     # kill -9 on serve alone: its server goes too (the parent-death signal), as it did when
     # the two shared a process group, and the data dir is free for the next start at once.
     server_pid, _ = _killed_owner(tmp_path, outlive_owner=False)
-    _wait_gone(server_pid)
+    assert gone(server_pid)
     with EmbeddedValkey(tmp_path) as again:
         assert valkey_sync.Valkey.from_url(again.url).get("kept") == b"yes"  # from the AOF
+
+
+def test_a_lock_let_go_a_moment_after_its_holder_died_is_waited_for(tmp_path: Path) -> None:
+    # A server that dies with its SIGKILLed owner lets the data dir's lock go a moment after
+    # the owner is gone: a restart in that moment waits for it rather than refusing.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = tmp_path / "prompt-outbox.lock"
+    os.close(os.open(lock, os.O_WRONLY | os.O_CREAT, 0o600))
+    lock.write_text(f"{dead.pid}\n")  # the recorded holder, gone
+    code = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); time.sleep(0.3)\n"
+    )
+    dying = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE)
+    assert dying.stdout is not None and dying.stdout.readline() == b"held\n"
+    with EmbeddedValkey(tmp_path) as server:
+        assert server.proc is not None and server.proc.poll() is None
+    dying.wait()
 
 
 def test_an_orphaned_server_is_stopped_and_its_place_taken(tmp_path: Path) -> None:
@@ -68,7 +88,7 @@ def test_an_orphaned_server_is_stopped_and_its_place_taken(tmp_path: Path) -> No
     # for ever by its server: that one is asked to shut down, and the new one takes its port.
     server_pid, port = _orphan(tmp_path)
     with EmbeddedValkey(tmp_path) as again:
-        _wait_gone(server_pid)
+        assert gone(server_pid)
         assert again.port == port and again.proc is not None and again.proc.pid != server_pid
         assert valkey_sync.Valkey.from_url(again.url).get("kept") == b"yes"  # from the AOF
 
@@ -82,19 +102,9 @@ def test_an_orphan_that_does_not_answer_keeps_the_data_dir(tmp_path: Path) -> No
     finally:
         os.kill(server_pid, signal.SIGKILL)
         os.kill(server_pid, signal.SIGCONT)
-    _wait_gone(server_pid)
+    assert gone(server_pid)
     with EmbeddedValkey(tmp_path):  # free once it is gone
         pass
-
-
-def _wait_gone(pid: int) -> None:
-    for _ in range(500):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not exit")
 
 
 async def test_the_embedded_server_is_durable(valkey_server: EmbeddedValkey) -> None:

@@ -11,12 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from prompt_outbox.embedded import free_port
+from tests.support.processes import gone
 from tests.support.tools import tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,17 +127,5 @@ def test_service_quickstart_runs_accepts_delivers_and_streams(tmp_path: Path) ->
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
-        _wait_group_gone(proc.pid)
-
-
-def _wait_group_gone(pgid: int) -> None:
-    """Until every process of the group has exited (SIGKILL after 20 s), so no agent or
-    embedded Valkey outlives the test."""
-    for _ in range(200):
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+        if not gone(proc.pid, group=True):  # no agent outlives the test
+            os.killpg(proc.pid, signal.SIGKILL)

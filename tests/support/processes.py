@@ -1,11 +1,13 @@
 """A process the tests start in a process group of its own, so that what it starts in turn
-(an embedded Valkey) goes with it."""
+(an agent) goes with it, and the wait for a process or a group to be gone. (An embedded
+Valkey leads a group of its own, and dies with the process that started it.)"""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
@@ -27,3 +29,18 @@ def process_group(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def gone(pid: int, *, group: bool = False, within: float = 20.0) -> bool:
+    """Whether process ``pid`` (with ``group``: every process of the group it leads) has
+    exited, waiting up to ``within`` seconds."""
+    probe = os.killpg if group else os.kill
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            probe(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)

@@ -301,7 +301,8 @@ class EmbeddedValkey:
         if not _locked(fd):
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             gone = holder.isdigit() and not _alive(int(holder))
-            if not (gone and self._take_over(fd)):
+            # A server that dies with its killed owner lets the lock go a moment later.
+            if not (gone and (_locked_within(fd, 1.0) or self._take_over(fd))):
                 os.close(fd)
                 raise DataDirInUse(_in_use(self.data_dir, holder, gone))
         # Who holds it, for that message: the lock itself is the flock, not this content.
@@ -319,21 +320,16 @@ class EmbeddedValkey:
             port = int((self.data_dir / _PORT_FILE).read_text().strip())
         except (OSError, ValueError):
             return False
-        if not _shutdown(port, read_password(self.data_dir)):
+        if not (_shutdown(port, read_password(self.data_dir)) and _locked_within(fd, 10.0)):
             return False
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            if _locked(fd):
-                log.warning(
-                    "the process that ran the Valkey on %s had exited; its valkey-server (port "
-                    "%d) was asked to shut down and has, and a new one takes its place",
-                    self.data_dir,
-                    port,
-                )
-                self.port = self.port if self._port_chosen else port
-                return True
-            time.sleep(0.02)
-        return False
+        log.warning(
+            "the process that ran the Valkey on %s had exited; its valkey-server (port %d) "
+            "was asked to shut down and has, and a new one takes its place",
+            self.data_dir,
+            port,
+        )
+        self.port = self.port if self._port_chosen else port
+        return True
 
     def _unlock_data_dir(self) -> None:
         if self._lock_fd is not None:
@@ -365,6 +361,16 @@ def _locked(fd: int) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    return True
+
+
+def _locked_within(fd: int, seconds: float) -> bool:
+    """``_locked``, tried again until ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while not _locked(fd):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
     return True
 
 
