@@ -20,6 +20,7 @@ from tests.sentinel import SentinelGroup
 from tests.support.agent import SECRET, Agent
 from tests.support.processes import process_group
 from tests.support.serve import BIN, wait_healthy
+from tests.support.waiting import within
 
 ACCEPT_BOUND = 15.0  # seconds: durability_timeout 2 s plus a connect; a hang fails the test
 
@@ -72,10 +73,7 @@ class Client:
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+    assert within(check, timeout), what
 
 
 @dataclass

@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
+
+from tests.support import waiting
 
 
 @contextmanager
@@ -35,12 +36,12 @@ def gone(pid: int, *, group: bool = False, within: float = 20.0) -> bool:
     """Whether process ``pid`` (with ``group``: every process of the group it leads) has
     exited, waiting up to ``within`` seconds."""
     probe = os.killpg if group else os.kill
-    deadline = time.monotonic() + within
-    while True:
+
+    def exited() -> bool:
         try:
             probe(pid, 0)
         except ProcessLookupError:
             return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
+        return False
+
+    return waiting.within(exited, within, interval=0.02)

@@ -1,12 +1,23 @@
-"""Waiting in async tests: poll a condition until it holds, or fail after a bound."""
+"""Waiting in tests: poll a condition until it holds, or give up (or fail) after a bound."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def within(check: Callable[[], bool], seconds: float, interval: float = 0.05) -> bool:
+    """Poll a plain condition until it holds (True), or ``seconds`` have passed (False)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
 
 
 async def holds(value: bool) -> bool:
