@@ -3,8 +3,11 @@ checked with a clear error that never quotes a secret, and serve says when other
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from click.testing import CliRunner
 from prompt_outbox.api import TokenTable
 from prompt_outbox.api.auth import MAX_FILE_BYTES
 from prompt_outbox.cli import main
+from tests.support.serve import BIN
 
 SECRET = "s3cret-token-value"
 
@@ -82,19 +86,83 @@ def test_a_good_file_still_loads(tmp_path: Path) -> None:
     assert ops is not None and ops.admin
 
 
-def test_serve_warns_of_a_token_file_others_may_read(tmp_path: Path) -> None:
+def _serve_says(tokens: Path, tmp_path: Path) -> str:
+    """What serve prints at start with ``tokens``: it stops right after reading them, at a
+    targets file that is not JSON."""
     bad_targets = tmp_path / "targets.json"
-    bad_targets.write_text("{")  # so serve stops right after reading its tokens
-    for mode, warned in ((0o644, True), (0o600, False)):
+    bad_targets.write_text("{")
+    done = CliRunner().invoke(
+        main,
+        ["serve", "--tokens", str(tokens), "--opencode-targets", str(bad_targets)],
+        env={**os.environ, "PROMPT_OUTBOX_DATA_DIR": str(tmp_path / "data")},
+    )
+    assert done.exit_code != 0, done.output
+    return done.output
+
+
+def test_serve_warns_of_a_token_file_others_may_read(tmp_path: Path) -> None:
+    for mode, warned in ((0o644, True), (0o602, True), (0o600, False)):
+        output = _serve_says(_file(tmp_path, [{"token": SECRET, "user": "u"}], mode), tmp_path)
+        assert ("every user may read or change the token file" in output) is warned, output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another group needs root")
+def test_serve_warns_of_a_group_readable_token_file_only_when_others_are_in_the_group(
+    tmp_path: Path,
+) -> None:
+    rows = [{"token": SECRET, "user": "u"}]
+    # This process's own group with nobody else in it (root's, here): no exposure.
+    own = os.getegid()
+    assert grp.getgrgid(own).gr_mem == [] and [
+        u.pw_uid for u in pwd.getpwall() if u.pw_gid == own
+    ] == [os.geteuid()], "the test wants a group of this user alone"
+    tokens = _file(tmp_path, rows, 0o640)
+    os.chown(tokens, -1, own)
+    assert "token file" not in _serve_says(tokens, tmp_path)
+    # Another user's own group: its members may read it, and the warning names the group.
+    other = next(u for u in pwd.getpwall() if u.pw_gid != own)
+    os.chown(tokens, -1, other.pw_gid)
+    name = grp.getgrgid(other.pw_gid).gr_name
+    said = _serve_says(tokens, tmp_path)
+    assert f"the members of group {name} ({other.pw_gid}) may read or change" in said, said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running serve in another group needs root")
+def test_a_kubernetes_secret_mounted_for_the_pods_fs_group_draws_no_warning(
+    tmp_path: Path,
+) -> None:
+    """The kubelet mounts a Secret of defaultMode 0400 as 0440, owned by root and the pod's
+    fsGroup: a bare number, which the container's process is in (its group, here; the user
+    stays root, whose Python the test's venv runs), and nobody else: serve keeps quiet, and
+    still warns of a file every user may read."""
+    gid = next(n for n in range(10001, 20000) if not _named(n))
+    targets = tmp_path / "targets.json"
+    targets.write_text("{")  # serve stops right after reading its tokens
+    for mode, warned in ((0o440, False), (0o444, True)):
         tokens = _file(tmp_path, [{"token": SECRET, "user": "u"}], mode)
-        done = CliRunner().invoke(
-            main,
-            ["serve", "--tokens", str(tokens), "--opencode-targets", str(bad_targets)],
+        os.chown(tokens, 0, gid)
+        done = subprocess.run(
+            [BIN, "serve", "--tokens", str(tokens), "--opencode-targets", str(targets)],
             env={**os.environ, "PROMPT_OUTBOX_DATA_DIR": str(tmp_path / "data")},
-        )
-        assert done.exit_code != 0, done.output
-        assert ("readable by other users" in done.output) is warned, done.output
-    # An unreadable token file is refused by serve with the reason, not a traceback.
+            group=gid, extra_groups=[gid], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2 and f"{targets}: not JSON" in done.stderr, done.stderr
+        assert ("may read or change the token file" in done.stderr) is warned, done.stderr
+    # The same file 0440 and group, serve not in it: the group's members are others.
+    tokens.chmod(0o440)
+    said = _serve_says(tokens, tmp_path)
+    assert f"the members of group {gid} may read or change" in said, said
+
+
+def _named(n: int) -> bool:
+    try:
+        grp.getgrgid(n)
+    except KeyError:
+        return any(u.pw_uid == n or u.pw_gid == n for u in pwd.getpwall())
+    return True
+
+
+def test_an_unreadable_token_file_is_refused_with_the_reason(tmp_path: Path) -> None:
     junk = tmp_path / "junk.json"
     junk.write_text("[" * 100_000)
     done = CliRunner().invoke(main, ["serve", "--tokens", str(junk)])

@@ -35,6 +35,7 @@ from .heads import (
 from .runner import HTTP_PARSERS, LOOPS, Server, on_signals, run_on
 from .stalls import Readers, reader_options
 from .storage import Durability, durability_options, open_outbox, storage_options
+from .tokens import others_who_may_read
 
 log = logging.getLogger("prompt_outbox.cli")
 
@@ -322,10 +323,10 @@ def serve(
         click.secho(
             "WARNING: authentication is DISABLED (--no-auth); loopback only.", fg="red", err=True
         )
-    elif Path(str(tokens_file)).stat().st_mode & 0o077:
-        # Not refused (a secret mounted by an orchestrator may come group-readable), but said.
+    elif exposed := others_who_may_read(Path(str(tokens_file))):
+        # Not refused (a secret mounted by an orchestrator may come as it comes), but said.
         click.secho(
-            f"WARNING: the token file {tokens_file} is readable by other users: chmod 600 it.",
+            f"WARNING: {exposed} may read or change the token file {tokens_file}: chmod 600 it.",
             fg="red",
             err=True,
         )

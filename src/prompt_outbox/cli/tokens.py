@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import json
 import os
+import pwd
 import secrets
 import tempfile
 from collections.abc import Iterator
@@ -80,6 +82,43 @@ def _replace(path: Path, text: str) -> None:
         os.fsync(dir_fd)  # the rename itself survives a crash
     finally:
         os.close(dir_fd)
+
+
+def others_who_may_read(path: Path) -> str:
+    """Who besides this user may read or change the token file at ``path``: '' when nobody,
+    else who (for serve's start-up warning). Group permissions count only when the file's
+    group has someone else in it: a group of this user alone (a Debian user's own group, or a
+    Kubernetes pod's ``fsGroup``, which the kubelet adds read permission for) is no exposure."""
+    st = path.stat()
+    if st.st_mode & 0o007:
+        return "every user"
+    if st.st_mode & 0o070 and not _alone_in(st.st_gid):
+        return f"the members of group {_group_name(st.st_gid)}"
+    return ""
+
+
+def _alone_in(gid: int) -> bool:
+    """Is this process's user the only one in group ``gid`` (by ``/etc/group`` and the users
+    whose own group it is), and this process in it?"""
+    if gid != os.getegid() and gid not in os.getgroups():
+        return False
+    try:
+        listed = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:  # a bare number (a pod's fsGroup need not be named)
+        listed = set()
+    members = listed | {u.pw_name for u in pwd.getpwall() if u.pw_gid == gid}
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        me = ""
+    return members <= {me}
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} ({gid})"
+    except KeyError:
+        return str(gid)
 
 
 @click.group()
