@@ -132,8 +132,12 @@ def static_targets(mapping: Mapping[tuple[str, str], OpencodeTarget]) -> TargetR
 
 def load_targets(path: str) -> TargetResolver:
     """Read a static map from JSON: ``{"<ws>/<ses>": {"url": ..., "session": ...}, ...}``."""
-    with open(path, encoding="utf-8") as f:
-        raw = json.load(f)
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:  # not UTF-8, or not JSON: named, as a worker's one line says
+        raise ValueError(f"{path}: not JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected an object of '<ws>/<ses>' -> {{url, session}}")
     table: dict[tuple[str, str], OpencodeTarget] = {}
