@@ -8,7 +8,6 @@ would do (build the image, mount the Secret) is checked by structure. docs/deplo
 from __future__ import annotations
 
 import asyncio
-import glob
 import json
 import os
 import re
@@ -258,21 +257,27 @@ def test_dockerfile_build_stage_makes_a_whole_wheel(image: Image, tmp_path: Path
 def test_dockerfile_build_stage_venv_runs_the_cmd(
     image: Image, tokens: Path, tmp_path: Path
 ) -> None:
-    """The whole build stage, each command as written (/wheels and /opt/prompt-outbox in a
-    temporary dir, `python` this one), makes the venv the image copies; the CMD and the
-    HEALTHCHECK then run from that venv alone."""
-    where = {"/wheels": str(tmp_path / "wheels"), "/opt/prompt-outbox": str(tmp_path / "venv")}
-    for argv in build_stage(image):
-        for i, arg in enumerate(argv):
-            for old, new in where.items():
-                arg = arg.replace(old, new)
-            argv[i] = arg
-        if argv[0] == "python":
-            argv[0] = sys.executable
-        argv = [p for a in argv for p in (sorted(glob.glob(a)) if "*" in a else [a])]
-        done = subprocess.run(argv, cwd=DEPLOY.parent, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
-    run_image(image, tokens, tmp_path, str(tmp_path / "venv" / "bin"))
+    """The build stage's RUN as written, through sh as the build runs it (/wheels and
+    /opt/prompt-outbox in a temporary dir, `python` this one), with the build argument
+    EXTRAS=otel: it makes the venv the image copies, the traces' packages in it; the CMD and
+    the HEALTHCHECK then run from that venv alone."""
+    (arg,) = [i["value"] for i in image.parser.structure if i["instruction"] == "ARG"]
+    assert arg == 'EXTRAS=""'  # none unless asked for
+    (run, *_) = [r["value"] for r in image.parser.structure if r["instruction"] == "RUN"]
+    venv = tmp_path / "venv"
+    for old, new in {"/wheels": str(tmp_path / "wheels"), "/opt/prompt-outbox": str(venv)}.items():
+        run = run.replace(old, new)
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "python").symlink_to(sys.executable)
+    env = {**os.environ, "EXTRAS": "otel", "PATH": f"{shim}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["sh", "-c", run], cwd=DEPLOY.parent, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    traced = [str(venv / "bin" / "python"), "-c", "import opentelemetry.sdk.trace"]
+    assert subprocess.run(traced, capture_output=True).returncode == 0
+    run_image(image, tokens, tmp_path, str(venv / "bin"))
 
 
 # --- compose ----------------------------------------------------------------------------------
