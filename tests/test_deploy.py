@@ -1,6 +1,7 @@
 """The deploy files (deploy/): each is parsed or validated as its tool would, and the commands it
 runs are run here, on loopback, with its own environment (paths and ports rewritten): the
-Dockerfile's CMD and HEALTHCHECK, the compose file's 3-master Valkey Cluster (its node options
+Dockerfile's CMD and HEALTHCHECK, the compose file's Valkey Cluster, 3 masters with a replica
+each (its node options
 and its init command), serve and two workers, the Kubernetes containers and their probe paths,
 and the systemd units' ExecStart. No Docker daemon, kubelet or systemd is needed; what only they
 would do (build the image, mount the Secret) is checked by structure. docs/deploy.md."""
@@ -421,6 +422,24 @@ def test_compose_nodes_keep_the_password_off_their_command_line(
         node = valkey.Valkey(host="127.0.0.1", port=port, socket_timeout=5)
         with node, pytest.raises(valkey.AuthenticationError, match="Authentication required"):
             node.ping()
+
+
+def test_compose_cluster_gives_each_master_a_linked_replica(
+    compose_cluster: ComposeCluster,
+) -> None:
+    """The init command made three masters, each with a replica, and returned once every
+    replica was linked: serve's start, at the file's accept level (replica), checks for one."""
+    roles = []
+    for port in compose_cluster.ports.values():
+        with valkey.Valkey(host="127.0.0.1", port=port, password=PASSWORD) as node:
+            info = node.info("replication")
+        master = info["role"] == "master"
+        roles.append(
+            (info["role"], info["connected_slaves"] if master else info["master_link_status"])
+        )
+    assert sorted(roles) == [("master", 1)] * 3 + [("slave", "up")] * 3
+    env = compose_cluster.doc["services"]["worker"]["environment"]
+    assert env["PROMPT_OUTBOX_ACCEPT_DURABILITY"] == "replica"
 
 
 def test_compose_serve_and_two_workers_deliver_on_its_cluster(
