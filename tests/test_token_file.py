@@ -7,6 +7,8 @@ import grp
 import json
 import os
 import pwd
+import stat
+import struct
 import subprocess
 from pathlib import Path
 
@@ -86,50 +88,64 @@ def test_a_good_file_still_loads(tmp_path: Path) -> None:
     assert ops is not None and ops.admin
 
 
-def _serve_says(tokens: Path, tmp_path: Path) -> str:
-    """What serve prints at start with ``tokens``: it stops right after reading them, at a
-    targets file that is not JSON."""
-    bad_targets = tmp_path / "targets.json"
-    bad_targets.write_text("{")
-    done = CliRunner().invoke(
-        main,
-        ["serve", "--tokens", str(tokens), "--opencode-targets", str(bad_targets)],
-        env={**os.environ, "PROMPT_OUTBOX_DATA_DIR": str(tmp_path / "data")},
-    )
-    assert done.exit_code != 0, done.output
-    return done.output
+def _serve_says(tokens: Path, tmp_path: Path, group: int | None = None) -> str:
+    """What serve prints at start with ``tokens`` (in ``group``, when given: a process of
+    its own); it stops right after reading them, at a targets file that is not JSON."""
+    targets = tmp_path / "targets.json"
+    targets.write_text("{")
+    argv = ["serve", "--tokens", str(tokens), "--opencode-targets", str(targets)]
+    env = {**os.environ, "PROMPT_OUTBOX_DATA_DIR": str(tmp_path / "data")}
+    if group is None:
+        done = CliRunner().invoke(main, argv, env=env)
+        assert done.exit_code == 2 and f"{targets}: not JSON" in done.output, done.output
+        return done.output
+    ran = subprocess.run(
+        [BIN, *argv], env=env, group=group, extra_groups=[group],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert ran.returncode == 2 and f"{targets}: not JSON" in ran.stderr, ran.stderr
+    return ran.stderr
 
 
 def test_serve_warns_of_a_token_file_others_may_read(tmp_path: Path) -> None:
     for mode, warned in ((0o644, True), (0o602, True), (0o600, False)):
         output = _serve_says(_file(tmp_path, [{"token": SECRET, "user": "u"}], mode), tmp_path)
-        assert ("every user may read or change the token file" in output) is warned, output
+        assert ("every user may read or change it: chmod 600 it" in output) is warned, output
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another group needs root")
-def test_serve_warns_of_a_group_readable_token_file_only_when_others_are_in_the_group(
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="files of other users need root")
+
+
+def _another_user() -> pwd.struct_passwd:
+    """A user other than this one whose own group /etc/group names (daemon, on Debian)."""
+    named = {g.gr_gid for g in grp.getgrall()}
+    me = pwd.getpwuid(os.geteuid())
+    return next(u for u in pwd.getpwall() if u.pw_gid != me.pw_gid and u.pw_gid in named)
+
+
+@root_only
+def test_a_group_readable_token_file_is_said_unless_the_group_is_this_users_alone(
     tmp_path: Path,
 ) -> None:
-    rows = [{"token": SECRET, "user": "u"}]
-    # This process's own group with nobody else in it (root's, here): no exposure.
-    own = os.getegid()
-    if grp.getgrgid(own).gr_mem or [u.pw_uid for u in pwd.getpwall() if u.pw_gid == own] != [
-        os.geteuid()
+    tokens = _file(tmp_path, [{"token": SECRET, "user": "u"}], 0o640)
+    # This user's own group, named after it, nobody else in it (root's, here): quiet.
+    me = pwd.getpwuid(os.geteuid())
+    if grp.getgrgid(me.pw_gid).gr_mem or [
+        u for u in pwd.getpwall() if u.pw_gid == me.pw_gid and u.pw_uid != me.pw_uid
     ]:
         pytest.skip("this user's group has others in it here")
-    tokens = _file(tmp_path, rows, 0o640)
-    os.chown(tokens, -1, own)
+    os.chown(tokens, -1, me.pw_gid)
     assert "token file" not in _serve_says(tokens, tmp_path)
-    # Another user's own group: its members may read it, and the warning names the group.
-    named = {g.gr_gid for g in grp.getgrall()}
-    other = next(u for u in pwd.getpwall() if u.pw_gid != own and u.pw_gid in named)
+    # Another user's group, whether serve is in it or not: its members may read the file.
+    other = _another_user()
     os.chown(tokens, -1, other.pw_gid)
-    name = grp.getgrgid(other.pw_gid).gr_name
-    said = _serve_says(tokens, tmp_path)
-    assert f"the members of group {name} ({other.pw_gid}) may read or change" in said, said
+    said = f"the members of group {grp.getgrgid(other.pw_gid).gr_name} ({other.pw_gid}) may"
+    for group in (None, other.pw_gid):
+        output = _serve_says(tokens, tmp_path, group)
+        assert said in output, output
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="running serve in another group needs root")
+@root_only
 def test_a_kubernetes_secret_mounted_for_the_pods_fs_group_draws_no_warning(
     tmp_path: Path,
 ) -> None:
@@ -138,22 +154,15 @@ def test_a_kubernetes_secret_mounted_for_the_pods_fs_group_draws_no_warning(
     stays root, whose Python the test's venv runs), and nobody else: serve keeps quiet, and
     still warns of a file every user may read."""
     gid = next(n for n in range(10001, 20000) if not _named(n))
-    targets = tmp_path / "targets.json"
-    targets.write_text("{")  # serve stops right after reading its tokens
     for mode, warned in ((0o440, False), (0o444, True)):
         tokens = _file(tmp_path, [{"token": SECRET, "user": "u"}], mode)
         os.chown(tokens, 0, gid)
-        done = subprocess.run(
-            [BIN, "serve", "--tokens", str(tokens), "--opencode-targets", str(targets)],
-            env={**os.environ, "PROMPT_OUTBOX_DATA_DIR": str(tmp_path / "data")},
-            group=gid, extra_groups=[gid], capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert done.returncode == 2 and f"{targets}: not JSON" in done.stderr, done.stderr
-        assert ("may read or change the token file" in done.stderr) is warned, done.stderr
+        output = _serve_says(tokens, tmp_path, gid)
+        assert ("token file" in output) is warned, output
     # The same file 0440 and group, serve not in it: the group's members are others.
     tokens.chmod(0o440)
     said = _serve_says(tokens, tmp_path)
-    assert f"the members of group {gid} may read or change" in said, said
+    assert f"the members of group {gid} may read or change it" in said, said
 
 
 def _named(n: int) -> bool:
@@ -162,6 +171,41 @@ def _named(n: int) -> bool:
     except KeyError:
         return any(u.pw_uid == n or u.pw_gid == n for u in pwd.getpwall())
     return True
+
+
+@root_only
+def test_a_token_file_another_user_owns_is_said(tmp_path: Path) -> None:
+    tokens = _file(tmp_path, [{"token": SECRET, "user": "u"}], 0o600)
+    other = _another_user()
+    os.chown(tokens, other.pw_uid, -1)
+    said = _serve_says(tokens, tmp_path)
+    assert f"user {other.pw_name} ({other.pw_uid}) owns it and may change it" in said, said
+
+
+@root_only
+def test_a_token_file_whose_acl_names_another_user_is_said(tmp_path: Path) -> None:
+    """An ACL entry for another user shows in the mode only as group bits (its mask), on a
+    file of this user's own group: without the ACL check, 0640 here would be quiet."""
+    tokens = _file(tmp_path, [{"token": SECRET, "user": "u"}], 0o600)
+    os.chown(tokens, -1, pwd.getpwuid(os.geteuid()).pw_gid)
+    _grant_read(tokens, _another_user().pw_uid)  # what `setfacl -m u:NAME:r` writes
+    assert stat.S_IMODE(tokens.stat().st_mode) == 0o640
+    said = _serve_says(tokens, tmp_path)
+    assert "its ACL lets other users or groups read it" in said, said
+
+
+def _grant_read(path: Path, uid: int) -> None:
+    """Set an access ACL of owner rw, user ``uid`` r, group -, mask r, other - (the kernel's
+    posix_acl_xattr format: a version, then tag, permissions and id per entry)."""
+    anyone = 0xFFFFFFFF
+    entries = [(0x01, 6, anyone), (0x02, 4, uid), (0x04, 0, anyone), (0x10, 4, anyone)]
+    raw = struct.pack("<I", 2) + b"".join(
+        struct.pack("<HHI", *e) for e in [*entries, (0x20, 0, anyone)]
+    )
+    try:
+        os.setxattr(path, "system.posix_acl_access", raw)
+    except OSError as exc:
+        pytest.skip(f"no ACLs on this file system: {exc}")
 
 
 def test_an_unreadable_token_file_is_refused_with_the_reason(tmp_path: Path) -> None:

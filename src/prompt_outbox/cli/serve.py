@@ -35,7 +35,7 @@ from .heads import (
 from .runner import HTTP_PARSERS, LOOPS, Server, on_signals, run_on
 from .stalls import Readers, reader_options
 from .storage import Durability, durability_options, open_outbox, storage_options
-from .tokens import others_who_may_read
+from .tokens import exposure
 
 log = logging.getLogger("prompt_outbox.cli")
 
@@ -323,13 +323,9 @@ def serve(
         click.secho(
             "WARNING: authentication is DISABLED (--no-auth); loopback only.", fg="red", err=True
         )
-    elif exposed := others_who_may_read(Path(str(tokens_file))):
+    elif exposed := exposure(Path(str(tokens_file))):
         # Not refused (a secret mounted by an orchestrator may come as it comes), but said.
-        click.secho(
-            f"WARNING: {exposed} may read or change the token file {tokens_file}: chmod 600 it.",
-            fg="red",
-            err=True,
-        )
+        click.secho(f"WARNING: the token file {tokens_file}: {exposed}.", fg="red", err=True)
     chosen = build_delivery(**delivery)  # type: ignore[arg-type]
 
     async def main() -> None:

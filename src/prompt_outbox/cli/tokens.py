@@ -11,7 +11,7 @@ import os
 import pwd
 import secrets
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -84,41 +84,57 @@ def _replace(path: Path, text: str) -> None:
         os.close(dir_fd)
 
 
-def others_who_may_read(path: Path) -> str:
-    """Who besides this user may read or change the token file at ``path``: '' when nobody,
-    else who (for serve's start-up warning). Group permissions count only when the file's
-    group has someone else in it: a group of this user alone (a Debian user's own group, or a
-    Kubernetes pod's ``fsGroup``, which the kubelet adds read permission for) is no exposure."""
+def exposure(path: Path) -> str:
+    """Who besides this user may read or change the token file at ``path``, and the fix; ''
+    when nobody (serve warns at start). Group permissions count unless the file's group is
+    surely this user's alone: its own group (named after it, nobody else listed), or a group
+    with no name that this process is in (a Kubernetes pod's ``fsGroup``, which the kubelet
+    gives read permission). Where an ACL names others, the group bits are its mask."""
     st = path.stat()
+    if st.st_uid not in (os.geteuid(), 0):
+        owner = _named(st.st_uid, lambda n: pwd.getpwuid(n).pw_name)
+        return f"user {owner} owns it and may change it: chown it to the user serve runs as"
     if st.st_mode & 0o007:
-        return "every user"
-    if st.st_mode & 0o070 and not _alone_in(st.st_gid):
-        return f"the members of group {_group_name(st.st_gid)}"
+        return "every user may read or change it: chmod 600 it"
+    if st.st_mode & 0o070:
+        if _has_acl(path):
+            return "its ACL lets other users or groups read it: setfacl -b it, then chmod 600"
+        if not _alone_in(st.st_gid):
+            group = _named(st.st_gid, lambda n: grp.getgrgid(n).gr_name)
+            return f"the members of group {group} may read or change it: chmod 600 it"
     return ""
 
 
 def _alone_in(gid: int) -> bool:
-    """Is this process's user the only one in group ``gid`` (by ``/etc/group`` and the users
-    whose own group it is), and this process in it?"""
-    if gid != os.getegid() and gid not in os.getgroups():
+    """Is group ``gid`` surely this process's user's alone? Only two cases are trusted: a
+    directory service may list neither every user (``getpwall``) nor every member."""
+    try:
+        me = pwd.getpwuid(os.geteuid())
+    except KeyError:  # a user with no name (a container run as a bare uid)
+        me = None
+    try:
+        group = grp.getgrgid(gid)
+    except KeyError:  # a bare number: in it, and nothing can say who else is
+        return gid == os.getegid() or gid in os.getgroups()
+    if me is None or gid != me.pw_gid or group.gr_name != me.pw_name:
         return False
-    try:
-        listed = set(grp.getgrgid(gid).gr_mem)
-    except KeyError:  # a bare number (a pod's fsGroup need not be named)
-        listed = set()
-    members = listed | {u.pw_name for u in pwd.getpwall() if u.pw_gid == gid}
-    try:
-        me = pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        me = ""
-    return members <= {me}
+    others = {u.pw_name for u in pwd.getpwall() if u.pw_gid == gid} | set(group.gr_mem)
+    return others <= {me.pw_name}
 
 
-def _group_name(gid: int) -> str:
+def _has_acl(path: Path) -> bool:
     try:
-        return f"{grp.getgrgid(gid).gr_name} ({gid})"
+        return "system.posix_acl_access" in os.listxattr(path)
+    except OSError:  # a file system without extended attributes has no ACLs either
+        return False
+
+
+def _named(number: int, name_of: Callable[[int], str]) -> str:
+    """``name (number)``, or the bare number where it has no name."""
+    try:
+        return f"{name_of(number)} ({number})"
     except KeyError:
-        return str(gid)
+        return str(number)
 
 
 @click.group()
