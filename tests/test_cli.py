@@ -164,6 +164,8 @@ def test_deliverer_options_are_checked(tmp_path: Path) -> None:
     bad_map.write_text('{"no-slash": {"url": "http://127.0.0.1:1"}}')
     not_json = tmp_path / "not-json.json"
     not_json.write_bytes(b"{\xff")
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 100_000)  # past Python's recursion limit
     cases = [
         (
             ["--webhook-url", "http://127.0.0.1:1/h", "--opencode-url", "http://127.0.0.1:2"],
@@ -172,6 +174,7 @@ def test_deliverer_options_are_checked(tmp_path: Path) -> None:
         (["--webhook-url", "http://127.0.0.1:1/h"], "signing secret"),
         (["--opencode-targets", str(bad_map)], "bad entry"),
         (["--opencode-targets", str(not_json)], f"{not_json}: not JSON"),
+        (["--opencode-targets", str(nested)], f"{nested}: not JSON"),
         (["--opencode-url", "http://127.0.0.1:2", "--opencode-connections", "0"], "x>=1"),
     ]
     env = {k: v for k, v in os.environ.items() if k != "PROMPT_OUTBOX_WEBHOOK_SECRET"}

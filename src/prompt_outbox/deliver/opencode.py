@@ -136,7 +136,7 @@ def load_targets(path: str) -> TargetResolver:
         data = f.read()
     try:
         raw = json.loads(data)
-    except ValueError as exc:  # not UTF-8, or not JSON: named, as a worker's one line says
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
         raise ValueError(f"{path}: not JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected an object of '<ws>/<ses>' -> {{url, session}}")
