@@ -361,16 +361,15 @@ def _cluster_ok(port: int) -> bool:
         return bool(node.cluster("info")["cluster_state"] == "ok")
 
 
-@pytest.fixture(scope="module")
-def compose_cluster(
-    tmp_path_factory: pytest.TempPathFactory, agent: Agent
-) -> Iterator[ComposeCluster]:
+@contextmanager
+def compose_nodes(root: Path, webhook_url: str) -> Iterator[ComposeCluster]:
+    """The compose file's Valkey nodes (interpolated), running here and healthy, as compose
+    starts them for valkey-init: no cluster formed yet."""
     raw = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    doc = interpolate(raw, {**COMPOSE_ENV, "WEBHOOK_URL": agent.url})
+    doc = interpolate(raw, {**COMPOSE_ENV, "WEBHOOK_URL": webhook_url})
     nodes = [n for n in doc["services"] if n.startswith("valkey-") and n != "valkey-init"]
     ports = {n: free_port() for n in nodes}
     swaps = {f"{n}:6379": f"127.0.0.1:{p}" for n, p in ports.items()}
-    root = tmp_path_factory.mktemp("compose")
     procs = []
     try:
         for name in nodes:
@@ -383,15 +382,44 @@ def compose_cluster(
             check = test[1].replace("valkey-cli", f"{tool('redis-cli')} -p {ports[name]}")
             env = {"PATH": os.environ["PATH"], **doc["services"][name]["environment"]}
             wait_until(lambda: _passes(check, env), 20, f"{name} healthy")  # noqa: B023
-        cluster = ComposeCluster(doc, ports, swaps, [proc.pid for proc in procs])
-        made = cluster.init(root)
-        assert made.returncode == 0, made.stdout + made.stderr
-        for port in ports.values():
-            wait_until(lambda: _cluster_ok(port), 20, "cluster_state:ok")  # noqa: B023
-        yield cluster
+        yield ComposeCluster(doc, ports, swaps, [proc.pid for proc in procs])
     finally:
         for proc in procs:
             halt(proc)
+
+
+def _formed(cluster: ComposeCluster, root: Path) -> None:
+    """valkey-init, as compose runs it once the nodes are healthy; the cluster then works."""
+    made = cluster.init(root)
+    assert made.returncode == 0, made.stdout + made.stderr
+    for port in cluster.ports.values():
+        wait_until(lambda: _cluster_ok(port), 20, "cluster_state:ok")  # noqa: B023
+
+
+def _roles(cluster: ComposeCluster) -> list[tuple[str, object]]:
+    """Each node's role, with a master's linked replicas or a replica's link, sorted."""
+    roles = []
+    for port in cluster.ports.values():
+        with valkey.Valkey(host="127.0.0.1", port=port, password=PASSWORD) as node:
+            info = node.info("replication")
+        master = info["role"] == "master"
+        roles.append(
+            (info["role"], info["connected_slaves"] if master else info["master_link_status"])
+        )
+    return sorted(roles, key=str)
+
+
+ONE_REPLICA_EACH = [("master", 1)] * 3 + [("slave", "up")] * 3
+
+
+@pytest.fixture(scope="module")
+def compose_cluster(
+    tmp_path_factory: pytest.TempPathFactory, agent: Agent
+) -> Iterator[ComposeCluster]:
+    root = tmp_path_factory.mktemp("compose")
+    with compose_nodes(root, agent.url) as cluster:
+        _formed(cluster, root)
+        yield cluster
 
 
 def test_compose_file_names_its_images_and_publishes_on_loopback() -> None:
@@ -429,17 +457,30 @@ def test_compose_cluster_gives_each_master_a_linked_replica(
 ) -> None:
     """The init command made three masters, each with a replica, and returned once every
     replica was linked: serve's start, at the file's accept level (replica), checks for one."""
-    roles = []
-    for port in compose_cluster.ports.values():
-        with valkey.Valkey(host="127.0.0.1", port=port, password=PASSWORD) as node:
-            info = node.info("replication")
-        master = info["role"] == "master"
-        roles.append(
-            (info["role"], info["connected_slaves"] if master else info["master_link_status"])
-        )
-    assert sorted(roles) == [("master", 1)] * 3 + [("slave", "up")] * 3
+    assert _roles(compose_cluster) == ONE_REPLICA_EACH
     env = compose_cluster.doc["services"]["worker"]["environment"]
     assert env["PROMPT_OUTBOX_ACCEPT_DURABILITY"] == "replica"
+
+
+def test_compose_init_joins_new_nodes_to_a_cluster_made_without_them(
+    tmp_path: Path, agent: Agent
+) -> None:
+    """A cluster made by an earlier file, three masters and no replicas: the next start's
+    init finds it working, joins the three nodes that know only themselves as replicas (one
+    to each master: the one with the fewest), and waits for them to link."""
+    (tmp_path / "nodes").mkdir()
+    with compose_nodes(tmp_path / "nodes", agent.url) as cluster:
+        masters = [f"127.0.0.1:{port}" for port in list(cluster.ports.values())[:3]]
+        old = [tool("redis-cli"), "--cluster", "create", *masters, "--cluster-replicas", "0"]
+        made = subprocess.run(
+            [*old, "--cluster-yes"], env={**os.environ, "REDISCLI_AUTH": PASSWORD},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stdout + made.stderr
+        for port in list(cluster.ports.values())[:3]:  # it ran so: working
+            wait_until(lambda: _cluster_ok(port), 20, "cluster_state:ok")  # noqa: B023
+        _formed(cluster, tmp_path)
+        assert _roles(cluster) == ONE_REPLICA_EACH
 
 
 def test_compose_serve_and_two_workers_deliver_on_its_cluster(
@@ -475,6 +516,7 @@ def test_compose_serve_and_two_workers_deliver_on_its_cluster(
             stop(worker, log)
     again = compose_cluster.init(tmp_path)
     assert again.returncode == 0 and "Performing hash slots" not in again.stdout
+    assert "Adding node" not in again.stdout, again.stdout
 
 
 # --- Kubernetes -------------------------------------------------------------------------------
