@@ -86,10 +86,10 @@ class Admin:
     def __init__(
         self, store: Store, engine: Engine, maintenance: Maintenance, metrics: Metrics
     ) -> None:
-        self.store = store
-        self.engine = engine
-        self.maintenance = maintenance
-        self.metrics = metrics
+        self._store = store
+        self._engine = engine
+        self._maintenance = maintenance
+        self._metrics = metrics
 
     async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
         """Clear an error entry back to pending. BUSY while the session lock is held;
@@ -105,11 +105,11 @@ class Admin:
         k = session_keys(workspace_id, session_id)
         # A client's retry re-arms the entry for more moves, each logging it whole: it stops
         # at the workspace's log bound, as an accept does.
-        bound = self.engine.tunables.workspace_log_bytes
+        bound = self._engine.tunables.workspace_log_bytes
         point = CrashPoint.RETRY_BEFORE_WRITE
         swap = await self._swap_one(k, entry_id, pick, point, log_bytes=bound)
         if swap is Swap.DONE:
-            self.metrics.retried.labels(reason="operator").inc()
+            self._metrics.retried.labels(reason="operator").inc()
         return _RETRY_RESULTS[swap]
 
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
@@ -145,10 +145,10 @@ class Admin:
         k = session_keys(workspace_id, session_id)
         # An edit logs the whole entry again (its event): it grows memory as an accept does,
         # so it stops at the same ceiling.
-        over = await self.store.memory.over(k)
+        over = await self._store.memory.over(k)
         if over is not None:
             raise StorageFull(over.used, over.limit)
-        bound = self.engine.tunables.workspace_log_bytes  # and at its workspace's log bound
+        bound = self._engine.tunables.workspace_log_bytes  # and at its workspace's log bound
 
         async def attempt(snap: Snapshot) -> EditResult | None:
             raw = _find(snap.queue, entry_id)
@@ -163,12 +163,12 @@ class Admin:
                 model=e.model if model is None else new_model,
             )
             try:
-                done = await self.store.edit(k, raw, new.to_json(), entry_id, log_bytes=bound)
+                done = await self._store.edit(k, raw, new.to_json(), entry_id, log_bytes=bound)
             except WorkspaceLogsFull:
-                self.metrics.refused_logs_full.inc()
+                self._metrics.refused_logs_full.inc()
                 raise
             if done is Edited.OK:
-                self.metrics.edited.inc()
+                self._metrics.edited.inc()
                 return EditResult.UPDATED
             return EditResult.BUSY if done is Edited.BUSY else None
 
@@ -187,7 +187,7 @@ class Admin:
 
         w = workspace_keys(workspace_id)
         n = await self._change_workspace(w, "park", change, CrashPoint.PARK_BETWEEN_SESSIONS)
-        self.metrics.parked.inc(n)
+        self._metrics.parked.inc(n)
         return n
 
     async def unpark_workspace(self, workspace_id: str) -> int:
@@ -212,17 +212,17 @@ class Admin:
         re-arms it; anything else, or a probe error, leaves it. Entries that failed definitively
         ``max_attempts`` times are not asked about. Returns how many settled
         (``Maintenance.sweep_ledger``)."""
-        return await self.maintenance.sweep_ledger(workspace_keys(workspace_id))
+        return await self._maintenance.sweep_ledger(workspace_keys(workspace_id))
 
     async def retry_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
         """Re-arm every error entry of the session (of every session of the workspace, when
         none is named) that no delivery holds; held sessions are named in ``busy`` (try again).
         ``WorkspaceLogsFull`` as ``retry``: the sessions re-armed before it stay so."""
         keys = await self._with_errors(workspace_id, session_id)
-        bound = self.engine.tunables.workspace_log_bytes  # as retry's
+        bound = self._engine.tunables.workspace_log_bytes  # as retry's
         retried = _pairs(_retried_if_error)
         done = await self._write_sessions(keys, "retry errors", retried, log_bytes=bound)
-        self.metrics.retried.labels(reason="operator").inc(done.done)
+        self._metrics.retried.labels(reason="operator").inc(done.done)
         return done
 
     async def dismiss_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
@@ -235,17 +235,17 @@ class Admin:
         errors index: the others have nothing to do)."""
         if session_id is not None:
             return [session_keys(workspace_id, session_id)]
-        return await self.store.walk.sessions_of(workspace_keys(workspace_id), with_errors=True)
+        return await self._store.walk.sessions_of(workspace_keys(workspace_id), with_errors=True)
 
     async def cleanup_workspace(self, workspace_id: str) -> int:
         """Delete every outbox key of the workspace; returns how many. Idempotent."""
-        return await self.store.walk.cleanup_workspace(workspace_keys(workspace_id))
+        return await self._store.walk.cleanup_workspace(workspace_keys(workspace_id))
 
     async def count_by_workspace(self) -> dict[str, dict[str, int]]:
         """Entries per status, per registered workspace (for ``stats``), as the scripts keep
         them (a few small fields a workspace, pipelined): O(workspaces), no entry read."""
         out: dict[str, dict[str, int]] = {}
-        async for t in self.store.walk.all_tallies():
+        async for t in self._store.walk.all_tallies():
             out[t.ws] = {status: n for status, n in t.tally.by_status.items() if n}
         return out
 
@@ -264,10 +264,10 @@ class Admin:
         (staging with no holder) are recovered first, so the action finds them where they
         belong (in the queue, verifying). Acting around them would miss them (a park that
         leaves one to be re-sent) or reorder them (a retried older entry behind them)."""
-        snap = await self.store.snapshot(k)
+        snap = await self._store.snapshot(k)
         if snap.staging and not snap.locked:
-            await self.engine.recover_session(k)
-            snap = await self.store.snapshot(k)
+            await self._engine.recover_session(k)
+            snap = await self._store.snapshot(k)
         return snap
 
     async def _attempts(
@@ -313,7 +313,7 @@ class Admin:
         self, w: WorkspaceKeys, what: str, change: Change, point: CrashPoint | None = None
     ) -> int:
         """Apply ``change`` to every entry of every idle session of the workspace."""
-        keys = await self.store.walk.sessions_of(w)
+        keys = await self._store.walk.sessions_of(w)
         return (await self._write_sessions(keys, what, _pairs(change), point)).done
 
     async def _write_sessions(
@@ -353,9 +353,11 @@ class Admin:
         """An operator's swap (no lock held); ``log_bytes`` > 0 refuses it at the workspace's
         log bound (``WorkspaceLogsFull``, counted), 0 never."""
         try:
-            return await self.store.replace(k, "", self.engine.now_ms(), pairs, log_bytes=log_bytes)
+            return await self._store.replace(
+                k, "", self._engine.now_ms(), pairs, log_bytes=log_bytes
+            )
         except WorkspaceLogsFull:
-            self.metrics.refused_logs_full.inc()
+            self._metrics.refused_logs_full.inc()
             raise
 
 
