@@ -13,7 +13,6 @@ import contextlib
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +22,7 @@ import valkey
 
 from prompt_outbox.embedded import answers_ping, free_port
 from prompt_outbox.storage.compat import valkey_server_binary
+from tests.support.waiting import within
 
 Fsync = Literal["always", "everysec", "no"]
 
@@ -43,14 +43,14 @@ def info(port: int, section: str) -> dict[str, Any]:
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str, step: float = 0.02) -> None:
     """Poll ``check`` (connection errors count as "not yet") until true or ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def ready() -> bool:
         with contextlib.suppress(valkey.ValkeyError, OSError):
-            if check():
-                return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout}s")
-        time.sleep(step)
+            return check()
+        return False
+
+    if not within(ready, timeout, interval=step):
+        raise TimeoutError(f"{what}: not within {timeout}s")
 
 
 def replica_synced(replica_port: int) -> bool:

@@ -33,6 +33,7 @@ from tests.support.agent import SECRET as HOOK_SECRET
 from tests.support.agent import Agent
 from tests.support.api import ALICE, TOKENS, serve
 from tests.support.serve import service, wait_healthy
+from tests.support.waiting import within
 
 SECRET = b"hook-secret"
 WS, SES = "acme", "chat-1"
@@ -303,7 +304,4 @@ def ends(key: bytes, turn: str, *, ses: str = SES, now: float | None = None) -> 
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, f"not within 30 s: {what}"
-        time.sleep(0.05)
+    assert within(condition, 30), f"not within 30 s: {what}"
