@@ -17,7 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,10 +230,15 @@ def test_dockerfile_cmd_serves_and_its_health_check_tells(
     run_image(image, tokens, tmp_path, VENV_BIN)
 
 
+def build_run(image: Image) -> str:
+    """The build stage's RUN (the file's first), its lines joined."""
+    (run, *_) = [r["value"] for r in image.parser.structure if r["instruction"] == "RUN"]
+    return str(run)
+
+
 def build_stage(image: Image) -> list[list[str]]:
     """The build stage's RUN, command by command (its lines are joined with &&)."""
-    (run, *_) = [r for r in image.parser.structure if r["instruction"] == "RUN"]
-    return [shlex.split(part) for part in run["value"].split("&&")]
+    return [shlex.split(part) for part in build_run(image).split("&&")]
 
 
 def test_dockerfile_build_stage_makes_a_whole_wheel(image: Image, tmp_path: Path) -> None:
@@ -264,7 +269,7 @@ def test_dockerfile_build_stage_venv_runs_the_cmd(
     the HEALTHCHECK then run from that venv alone."""
     (arg,) = [i["value"] for i in image.parser.structure if i["instruction"] == "ARG"]
     assert arg == 'EXTRAS=""'  # none unless asked for
-    (run, *_) = [r["value"] for r in image.parser.structure if r["instruction"] == "RUN"]
+    run = build_run(image)
     venv = tmp_path / "venv"
     for old, new in {"/wheels": str(tmp_path / "wheels"), "/opt/prompt-outbox": str(venv)}.items():
         run = run.replace(old, new)
@@ -392,7 +397,12 @@ def _formed(cluster: ComposeCluster, root: Path) -> None:
     """valkey-init, as compose runs it once the nodes are healthy; the cluster then works."""
     made = cluster.init(root)
     assert made.returncode == 0, made.stdout + made.stderr
-    for port in cluster.ports.values():
+    _working(cluster.ports.values())
+
+
+def _working(ports: Iterable[int]) -> None:
+    """Until each of these nodes says cluster_state:ok."""
+    for port in ports:
         wait_until(lambda: _cluster_ok(port), 20, "cluster_state:ok")  # noqa: B023
 
 
@@ -477,8 +487,7 @@ def test_compose_init_joins_new_nodes_to_a_cluster_made_without_them(
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert made.returncode == 0, made.stdout + made.stderr
-        for port in list(cluster.ports.values())[:3]:  # it ran so: working
-            wait_until(lambda: _cluster_ok(port), 20, "cluster_state:ok")  # noqa: B023
+        _working(list(cluster.ports.values())[:3])  # it ran so
         _formed(cluster, tmp_path)
         assert _roles(cluster) == ONE_REPLICA_EACH
 

@@ -153,7 +153,7 @@ def test_a_kubernetes_secret_mounted_for_the_pods_fs_group_draws_no_warning(
     fsGroup: a bare number, which the container's process is in (its group, here; the user
     stays root, whose Python the test's venv runs), and nobody else: serve keeps quiet, and
     still warns of a file every user may read."""
-    gid = next(n for n in range(10001, 20000) if not _named(n))
+    gid = next(n for n in range(10001, 20000) if not _taken(n))
     for mode, warned in ((0o440, False), (0o444, True)):
         tokens = _file(tmp_path, [{"token": SECRET, "user": "u"}], mode)
         os.chown(tokens, 0, gid)
@@ -165,7 +165,8 @@ def test_a_kubernetes_secret_mounted_for_the_pods_fs_group_draws_no_warning(
     assert f"the members of group {gid} may read or change it" in said, said
 
 
-def _named(n: int) -> bool:
+def _taken(n: int) -> bool:
+    """Whether ``n`` names a group, or is some user's uid or group."""
     try:
         grp.getgrgid(n)
     except KeyError:
