@@ -161,7 +161,10 @@ def run_failovers(tmp_path: Path, sessions: int, failovers: int, acks: int) -> F
     with SentinelGroup(tmp_path / "valkey") as group, Agent() as agent:
         url = ["--valkey-url", group.url]
         serve = ["serve", *url, *durable, "--no-auth", "--port", str(port)]
-        worker = ["worker", *url, *durable, "--webhook-url", agent.url]
+        # The verify URL, as every chaos run's workers have it: a send the agent's server
+        # dropped (a burst of connections at the start once did) is asked about, not parked.
+        hook = ["--webhook-url", agent.url, "--webhook-verify-url", agent.verify_url]
+        worker = ["worker", *url, *durable, *hook]
         with (
             process(serve, tmp_path / "serve.log"),
             process(worker, tmp_path / "worker.log"),
