@@ -7,7 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from prompt_outbox.core.entry import Status, decode_entry
-from prompt_outbox.core.keys import COUNT_SEP, COUNT_TOTAL, SessionKeys, WorkspaceKeys
+from prompt_outbox.core.keys import (
+    BYTES_TOTAL,
+    COUNT_SEP,
+    COUNT_TOTAL,
+    SessionKeys,
+    WorkspaceKeys,
+    tally_field,
+)
 from prompt_outbox.core.timeutil import to_ms
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.replies import text
@@ -18,8 +25,16 @@ workspace's non-zero totals by status, "oldest": session -> ms}``."""
 
 
 def is_tally_field(field: str) -> bool:
-    """A field of the count HASH that the tally keeps (the others are the quota's count)."""
-    return COUNT_SEP in field or (field.startswith(":") and field != COUNT_TOTAL)
+    """A field of the count HASH that the tally keeps (the others are the quota's count and
+    the queued bytes)."""
+    if field.startswith(":"):
+        return field not in (COUNT_TOTAL, BYTES_TOTAL)
+    return field == tally_field(field.partition(COUNT_SEP)[0])
+
+
+def is_bytes_field(field: str) -> bool:
+    """A field of the count HASH that the queued bytes keep (lib.lua ``sized``)."""
+    return field == BYTES_TOTAL or field.endswith(f"{COUNT_SEP}bytes")
 
 
 async def sessions_in(client: Client, ws: str) -> set[str]:
@@ -67,3 +82,24 @@ async def recounted(client: Client, ws: str) -> Tallied:
         if first is not None:
             oldest[ses] = to_ms(first.accepted_at)
     return {"sessions": sessions, "totals": dict(totals), "oldest": oldest}
+
+
+async def sized(client: Client, ws: str) -> dict[str, int]:
+    """The queued bytes as the scripts left them: each session's, and the total."""
+    raw: dict[Any, Any] = await client.hgetall(WorkspaceKeys(ws).count)  # type: ignore[misc]
+    return {text(f): int(v) for f, v in raw.items() if is_bytes_field(text(f))}
+
+
+async def resized(client: Client, ws: str) -> dict[str, int]:
+    """What the queued bytes must be: MEMORY USAGE of each session's lists, found by SCAN."""
+    want: dict[str, int] = {}
+    for ses in await sessions_in(client, ws):
+        k = SessionKeys(ws, ses)
+        n = 0
+        for key in (k.queue, k.staging):
+            n += int(await client.memory_usage(key, samples=0) or 0)  # type: ignore[misc]
+        if n:
+            want[f"{ses}{COUNT_SEP}bytes"] = n
+    if want:
+        want[BYTES_TOTAL] = sum(want.values())
+    return want

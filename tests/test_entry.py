@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from prompt_outbox import Entry, Status
 from prompt_outbox.core.entry import EntryDecodeError
 from prompt_outbox.core.timeutil import format_time, parse_time, to_ms
-from prompt_outbox.storage.scripts import prelude
+from prompt_outbox.storage.scripts import LogBounds, prelude
 from tests.support.entries import MODELS
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, 123456, tzinfo=UTC)
@@ -110,7 +110,7 @@ async def test_lua_time_parsing_matches_python(
     local = t.astimezone(timezone(offset))
     frac = f"{local.microsecond:06d}{'789'}"[:digits]
     text = local.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac}" if digits else "") + zone
-    script = prelude(10, 1000) + "\nreturn parse_ms(ARGV[1])"
+    script = prelude(LogBounds()) + "\nreturn parse_ms(ARGV[1])"
     lua_ms = await client.eval(script, 0, text)
     parsed = parse_time(text)
     assert parsed is not None

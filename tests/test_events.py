@@ -139,6 +139,12 @@ def test_missed_events_is_conservative() -> None:
     assert missed_events("0-0", log, ttl)
     assert gone.position() == f"0-{now}" and log.position() == "9900-3"
     assert missed_events("9900-4", log, ttl)  # past the log's last event: made up, a reset
+    # A log that began again past its bytes names where the one before ended: a reader that
+    # stood there missed nothing, however long ago; one further back did.
+    again = EventLogState("9950-0", "9990-0", 3, 40, now, first_after="9940-2")
+    assert not missed_events("9940-2", again, ttl)
+    assert not missed_events("8000-0", dataclasses.replace(again, first_after="8000-0"), ttl)
+    assert missed_events("9940-1", again, ttl)
 
 
 @pytest.mark.parametrize(

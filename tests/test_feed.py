@@ -42,6 +42,8 @@ pytestmark = pytest.mark.cluster_too
 
 WS, SES = "ws", "s1"
 QUIET = 60.0  # a poll this long never fires in a test: only a notice (or a re-subscription) wakes
+ROOMY = dataclasses.replace(FAST, event_log_bytes=16 * 1024 * 1024)
+"""Logs that hold 30 events of 40 kB without beginning again (event_log_bytes)."""
 
 
 class Watch:
@@ -285,7 +287,7 @@ async def test_a_follower_is_cut_off_at_its_byte_bound_and_resumes_exactly(clien
     limits = FeedLimits(max_behind_bytes=200 * KB)
     metrics = Metrics()
     feed = EventFeed(Store(client), limits, metrics)
-    outbox = Outbox(client, FAST)
+    outbox = Outbox(client, ROOMY)
     entry = await outbox.accept(WS, SES, "u", "c0", "small")
     k = session_keys(WS, SES)
     follower = feed.follow(k, "0-0")
@@ -319,7 +321,7 @@ async def test_the_process_budget_sheds_the_readers_holding_most(client: Client)
     limits = FeedLimits(max_behind_bytes=1000 * KB, max_buffered_bytes=300 * KB)
     metrics = Metrics()
     feed = EventFeed(Store(client), limits, metrics)
-    outbox = Outbox(client, FAST)
+    outbox = Outbox(client, ROOMY)
     idle = [f"idle{n}" for n in range(3)]
     ids = {ses: (await outbox.accept(WS, ses, "u", "c0", "small")).id for ses in [*idle, "fast"]}
     followers = {ses: feed.follow(session_keys(WS, ses), "0-0") for ses in idle}

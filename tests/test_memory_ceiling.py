@@ -10,7 +10,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from valkey.asyncio.cluster import ValkeyCluster
 
 from prompt_outbox import Duplicate, Outbox, StorageFull
 from prompt_outbox.core.keys import SessionKeys
@@ -20,6 +19,7 @@ from prompt_outbox.storage.topology import topology_of
 from tests.agents import ScriptedAgent
 from tests.support.api import ALICE, serve
 from tests.support.clock import ManualClock
+from tests.support.memory import memory, node_of, on_node
 from tests.support.tunables import FAST
 
 pytestmark = pytest.mark.cluster_too
@@ -28,34 +28,23 @@ WS = "acme"
 TEXT = "x" * 50_000
 # Read the memory at every accept (a test cannot wait for the 1 s default), and keep one
 # event a session so that deliveries free what they move.
-TUNABLES = replace(FAST, memory_check_interval=0.001, event_log_len=1, workspace_cap=100_000)
+TUNABLES = replace(
+    FAST,
+    memory_check_interval=0.001,
+    event_log_len=1,
+    workspace_cap=100_000,
+    workspace_budget_share=1.0,  # the ceiling, not the budget, is under test
+)
 ROOM = 2 * 1024 * 1024  # bytes between the memory in use now and the accept ceiling
-
-
-def node_of(client: Client, ws: str) -> Any:
-    """The node that owns the workspace's slot (None on a standalone server)."""
-    if isinstance(client, ValkeyCluster):
-        return client.get_node_from_key(SessionKeys(ws, "s").queue)
-    return None
-
-
-async def on_node(client: Client, node: Any, command: str, *args: Any) -> Any:
-    if node is None:
-        return await client.execute_command(command, *args)
-    return await client.execute_command(command, *args, target_nodes=node)
-
-
-async def memory(client: Client, node: Any) -> dict[str, int]:
-    raw = await on_node(client, node, "INFO", "memory")
-    info = raw if "used_memory" in raw else next(iter(raw.values()))
-    return {"used": int(info["used_memory"]), "max": int(info["maxmemory"])}
 
 
 @pytest.fixture
 async def ceiling(client: Client) -> AsyncIterator[int]:
     """Give the workspace's node a maxmemory whose 0.8 is ROOM above what it uses now; the
-    maxmemory, given back as it was after the test (the servers are shared)."""
+    maxmemory, given back as it was after the test (the servers are shared). Now: once the
+    scripts are loaded (a megabyte or more of Valkey's memory on a fresh server)."""
     node = node_of(client, WS)
+    await Outbox(client, TUNABLES).check_durability()  # loads the scripts
     before = await memory(client, node)
     limit = int((before["used"] + ROOM) / TUNABLES.accept_memory_ratio)
     await on_node(client, node, "CONFIG", "SET", "maxmemory", str(limit))
@@ -126,7 +115,8 @@ async def test_the_api_answers_storage_full_503_with_retry_after(
 ) -> None:
     outbox = Outbox(client, TUNABLES, clock=clock)
     await fill(outbox)
-    async for http in serve(outbox):
+    # A token's byte budget (a quarter of the memory by default) would come first here.
+    async for http in serve(outbox, token_budget_share=1.0):
         body = {"clientMessageID": "api-1", "text": "hello"}
         r = await http.post("/v1/workspaces/acme/sessions/api/prompts", json=body, headers=ALICE)
         assert (r.status_code, r.json()["error"]) == (503, "storage_full")

@@ -43,7 +43,11 @@ SMALL = replace(FAST, cap=3, workspace_cap=5)
 async def counted(client: Client, ws: str = WS) -> dict[str, int]:
     """The workspace's count as stored (its HASH but for the overview's tally)."""
     raw = await client.hgetall(WorkspaceKeys(ws).count)  # type: ignore[misc]
-    return {text(f): int(v) for f, v in raw.items() if not tally.is_tally_field(text(f))}
+    return {
+        text(f): int(v)
+        for f, v in raw.items()
+        if not (tally.is_tally_field(text(f)) or tally.is_bytes_field(text(f)))
+    }
 
 
 async def recounted(client: Client, ws: str = WS) -> dict[str, int]:

@@ -18,7 +18,7 @@ from typing import Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, ove
 from .core import machine
 from .core.callbacks import BulkResult, DismissResult, EditResult, RetryResult
 from .core.entry import Entry, Status, decode_entry
-from .core.errors import InvalidInput, StorageFull, WorkspaceLogsFull
+from .core.errors import InvalidInput, StorageFull, WorkspaceBytesFull
 from .core.failpoints import CrashPoint, reached
 from .core.keys import SessionKeys, WorkspaceKeys, check_id, session_keys, workspace_keys
 from .core.metrics import Metrics
@@ -93,8 +93,8 @@ class Admin:
 
     async def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
         """Clear an error entry back to pending. BUSY while the session lock is held;
-        NOT_FOUND when the session has no error entry with that ID. ``WorkspaceLogsFull``
-        at accept's bound on the workspace's logs (a re-armed entry logs each move whole)."""
+        NOT_FOUND when the session has no error entry with that ID. ``WorkspaceBytesFull``
+        at the workspace's byte budget, as an accept (a re-armed entry logs each move whole)."""
 
         def pick(snap: Snapshot) -> tuple[str, str] | None:
             raw = _find(snap.queue, entry_id)
@@ -104,10 +104,9 @@ class Admin:
 
         k = session_keys(workspace_id, session_id)
         # A client's retry re-arms the entry for more moves, each logging it whole: it stops
-        # at the workspace's log bound, as an accept does.
-        bound = self._engine.tunables.workspace_log_bytes
+        # at the workspace's byte budget, as an accept does.
         point = CrashPoint.RETRY_BEFORE_WRITE
-        swap = await self._swap_one(k, entry_id, pick, point, log_bytes=bound)
+        swap = await self._swap_one(k, entry_id, pick, point, budgeted=True)
         if swap is Swap.DONE:
             self._metrics.retried.labels(reason="operator").inc()
         return _RETRY_RESULTS[swap]
@@ -136,7 +135,7 @@ class Admin:
         either as it is) of a pending or error entry before it is sent. An error entry stays
         in error until retried. BUSY while the session lock is held; NOT_EDITABLE once staged,
         verifying or parked; NOT_FOUND if absent. Emits ``edited``. Raises accept's InvalidInput
-        (an edit of neither too), StorageFull and WorkspaceLogsFull."""
+        (an edit of neither too), StorageFull and WorkspaceBytesFull."""
         check_id("entry ID", entry_id)
         if text is None and model is None:
             raise InvalidInput("an edit needs a text or a model")
@@ -148,7 +147,6 @@ class Admin:
         over = await self._store.memory.over(k)
         if over is not None:
             raise StorageFull(over.used, over.limit)
-        bound = self._engine.tunables.workspace_log_bytes  # and at its workspace's log bound
 
         async def attempt(snap: Snapshot) -> EditResult | None:
             raw = _find(snap.queue, entry_id)
@@ -163,9 +161,9 @@ class Admin:
                 model=e.model if model is None else new_model,
             )
             try:
-                done = await self._store.edit(k, raw, new.to_json(), entry_id, log_bytes=bound)
-            except WorkspaceLogsFull:
-                self._metrics.refused_logs_full.inc()
+                done = await self._store.edit(k, raw, new.to_json(), entry_id)
+            except WorkspaceBytesFull:  # and at its workspace's byte budget
+                self._metrics.refused_bytes_full.inc()
                 raise
             if done is Edited.OK:
                 self._metrics.edited.inc()
@@ -217,11 +215,10 @@ class Admin:
     async def retry_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
         """Re-arm every error entry of the session (of every session of the workspace, when
         none is named) that no delivery holds; held sessions are named in ``busy`` (try again).
-        ``WorkspaceLogsFull`` as ``retry``: the sessions re-armed before it stay so."""
+        ``WorkspaceBytesFull`` as ``retry``: the sessions re-armed before it stay so."""
         keys = await self._with_errors(workspace_id, session_id)
-        bound = self._engine.tunables.workspace_log_bytes  # as retry's
         retried = _pairs(_retried_if_error)
-        done = await self._write_sessions(keys, "retry errors", retried, log_bytes=bound)
+        done = await self._write_sessions(keys, "retry errors", retried, budgeted=True)
         self._metrics.retried.labels(reason="operator").inc(done.done)
         return done
 
@@ -291,10 +288,10 @@ class Admin:
         return gave_up
 
     async def _swap_one(
-        self, k: SessionKeys, entry_id: str, pick: Pick, point: CrashPoint, log_bytes: int = 0
+        self, k: SessionKeys, entry_id: str, pick: Pick, point: CrashPoint, budgeted: bool = False
     ) -> Swap:
         """Swap the one entry ``pick`` names unless the lock is held (``_attempts``).
-        ``log_bytes``: ``_replace``'s."""
+        ``budgeted``: ``_replace``'s."""
         check_id("entry ID", entry_id)
 
         async def attempt(snap: Snapshot) -> Swap | None:
@@ -302,7 +299,7 @@ class Admin:
             if pair is None:
                 return Swap.MISSING
             reached(point)
-            done = await self._replace(k, [pair], log_bytes)
+            done = await self._replace(k, [pair], budgeted)
             if done.outcome is Replace.BUSY:
                 return Swap.BUSY
             return Swap.DONE if done.count else None
@@ -322,10 +319,10 @@ class Admin:
         what: str,
         pairs_of: Pairs,
         point: CrashPoint | None = None,
-        log_bytes: int = 0,
+        budgeted: bool = False,
     ) -> BulkResult:
         """Write ``pairs_of`` each idle session; a session a delivery holds is skipped (and
-        named in the result), never waited for. ``log_bytes``: ``_replace``'s (a refusal ends
+        named in the result), never waited for. ``budgeted``: ``_replace``'s (a refusal ends
         the walk; the sessions written before it stay written, each in one step)."""
         total, busy = 0, []
         for k in keys:
@@ -336,7 +333,7 @@ class Admin:
             pairs = pairs_of(snap)
             if not pairs:
                 continue
-            done = await self._replace(k, pairs, log_bytes)
+            done = await self._replace(k, pairs, budgeted)
             if done.outcome is Replace.BUSY:
                 busy.append(k.ses)
             total += done.count
@@ -348,16 +345,14 @@ class Admin:
         return BulkResult(total, tuple(busy))
 
     async def _replace(
-        self, k: SessionKeys, pairs: list[tuple[str, str]], log_bytes: int
+        self, k: SessionKeys, pairs: list[tuple[str, str]], budgeted: bool
     ) -> Counted[Replace]:
-        """An operator's swap (no lock held); ``log_bytes`` > 0 refuses it at the workspace's
-        log bound (``WorkspaceLogsFull``, counted), 0 never."""
+        """An operator's swap (no lock held); ``budgeted`` refuses it at the workspace's byte
+        budget (``WorkspaceBytesFull``, counted), else never."""
         try:
-            return await self._store.replace(
-                k, "", self._engine.now_ms(), pairs, log_bytes=log_bytes
-            )
-        except WorkspaceLogsFull:
-            self._metrics.refused_logs_full.inc()
+            return await self._store.replace(k, "", self._engine.now_ms(), pairs, budgeted=budgeted)
+        except WorkspaceBytesFull:
+            self._metrics.refused_bytes_full.inc()
             raise
 
 

@@ -46,6 +46,7 @@ from .storage.client import Client
 from .storage.durability import DurabilityReport, resolve_durability
 from .storage.feed import EventFeed, FeedLimits
 from .storage.replies import Accept, Snapshot
+from .storage.scripts import LogBounds
 from .storage.store import TRANSIENT_ERRORS, Store
 from .storage.waitaof import WaitAof
 
@@ -81,10 +82,15 @@ class Outbox:
         self._clock: Clock = clock or utcnow
         self._store = Store(
             client,
-            event_log_len=t.event_log_len,
-            event_log_ttl_ms=round(t.event_log_ttl * 1000),
+            logs=LogBounds(
+                length=t.event_log_len,
+                ttl_ms=round(t.event_log_ttl * 1000),
+                max_bytes=t.event_log_bytes,
+                dedupe_ttl_ms=round(t.dedupe_ttl * 1000),
+            ),
             memory_ratio=t.accept_memory_ratio,
             memory_interval=t.memory_check_interval,
+            budget_share=t.workspace_budget_share,
         )
         self._wiring = Wiring()
         self._engine = Engine(self._store, t, self._clock, self.metrics, self._wiring)
@@ -171,7 +177,8 @@ class Outbox:
         too, nothing written) when it was accepted with another text or model, ``ValueError``
         (an ``InvalidInput``) for bad input, and at a quota, nothing written: ``OutboxFull``
         (``cap``), ``WorkspaceFull`` (``workspace_cap``), ``StorageFull`` (the memory
-        ceiling), ``WorkspaceLogsFull`` (``workspace_log_bytes``); docs/security.md has each.
+        ceiling), ``WorkspaceBytesFull`` (``workspace_budget_share``); docs/security.md has
+        each.
         The dedupe marker is written only after the push, in the same script.
 
         Returns (or raises ``Duplicate``) once the entry is as durable as
@@ -209,9 +216,8 @@ class Outbox:
             to_ms(now),
             self._wait,
             while_busy=policy,
-            log_bytes=t.workspace_log_bytes,
         )
-        refused = reply.refusal(t.cap, t.workspace_cap, t.workspace_log_bytes)
+        refused = reply.refusal(t.cap, t.workspace_cap)
         if refused is not None:
             self.metrics.refused[reply.outcome.value].inc()
             raise refused

@@ -49,6 +49,26 @@ MAX_HISTORY = 200
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetUse:
+    """What a workspace holds against its byte budget, in bytes: its queued entries (what
+    their lists take in Valkey's memory), and what its event logs and its dedupe and claim
+    markers took in the windows still counted (docs/design.md, "What one tenant may store");
+    ``limit``, its budget (``Tunables.workspace_budget_share`` of ``memory``: its node's
+    maxmemory, or the machine's memory; 0 when neither is known: no budget)."""
+
+    queued: int
+    logs: int
+    markers: int
+    limit: int
+    memory: int
+
+    @property
+    def used(self) -> int:
+        """What counts against the budget: the three parts together."""
+        return self.queued + self.logs + self.markers
+
+
+@dataclass(frozen=True, slots=True)
 class Page(Generic[T]):
     """One page of a listing, and the cursor of the next ('' after the last)."""
 
@@ -265,6 +285,15 @@ class Overview:
         if not 1 <= limit <= MAX_HISTORY:
             raise InvalidInput(f"limit must be 1 to {MAX_HISTORY}, got {limit}")
         return history(await self._series.recent_events(session_keys(ws, ses), limit))
+
+    async def budget(self, ws: str) -> BudgetUse:
+        """What the workspace holds against its byte budget, and that budget: a few fields
+        read, no entry (the node's memory from the accept path's cached reading)."""
+        w, budgets = workspace_keys(ws), self._store.budgets
+        held = await budgets.holding(w)
+        reading = await budgets.reading(w.count)
+        limit = reading.budget(budgets.share)
+        return BudgetUse(held.queued, held.logs, held.markers, limit, reading.basis)
 
     async def fleet_counts(self) -> FleetCounts:
         """What the /metrics gauges show of every workspace: the entries by status, the

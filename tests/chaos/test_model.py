@@ -355,23 +355,31 @@ class OutboxVersusModel(RuleBasedStateMachine):
         assert incremental[2] == self.run(entries())
         kept = self.run(tally.stored(self.client, WS))
         assert kept == self.run(tally.recounted(self.client, WS))
+        sized = self.run(tally.sized(self.client, WS))
+        assert sized == self.run(tally.resized(self.client, WS))  # the budget's queued bytes
         self.run(self.store.repair(k, round(self.clock.now.timestamp() * 1000)))
         assert incremental == self.run(indexes())
         assert kept == self.run(tally.stored(self.client, WS))
+        assert sized == self.run(tally.sized(self.client, WS))
 
     @invariant()
     def log_bytes_count_every_event(self) -> None:
-        # The workspace's log bound counts what each event carries (its ID, its fields' names
-        # and values) as emit() logs it, every script's events, exactly; and the log's first
-        # event at what the new log took whole, a fixed sum beyond what it carries. (One
-        # session, a log that neither trims nor expires within a run.)
+        # The workspace's byte budget counts what each event carries (its ID, its fields'
+        # names and values) as emit() logs it, every script's events, exactly; and the log's
+        # first event at what the new log took whole, a fixed sum beyond what it carries; the
+        # log's own record says the same. (One session, a log that neither trims, nor expires,
+        # nor begins again within a run.)
         k = session_keys(WS, SES)
         rows = self.run(self.client.xrange(k.events))
         carried = sum(
             len(event_id) + sum(len(name) + len(value) for name, value in fields.items())
             for event_id, fields in rows
         )
-        counted = sum(int(n) for n in self.run(self.client.hvals(k.workspace.log_bytes)))
+        written = self.run(self.client.hgetall(k.workspace.log_bytes))
+        counted = sum(int(n) for field, n in written.items() if field.isdigit())
+        if rows:
+            record = written[k.events.encode()].decode()
+            assert int(record.partition(":")[2]) == counted
         if not rows:
             assert counted == 0
         elif self.log_overhead is None:

@@ -128,6 +128,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/workspaces/{ws}/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Workspace Budget
+         * @description What the workspace holds against its byte budget, part by part, and that budget: a
+         *     few fields read, no entry. Past the budget its accepts, edits and retries are refused
+         *     (429 ``workspace_bytes_full``).
+         */
+        get: operations["workspace_budget_v1_workspaces__ws__budget_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces/{ws}/errors/dismiss": {
         parameters: {
             query?: never;
@@ -512,6 +534,38 @@ export interface components {
             id: string;
             /** Status */
             status?: string | null;
+        };
+        /**
+         * BudgetOut
+         * @description What a workspace holds against its byte budget (docs/configuration.md, "Byte
+         *     budgets"), in bytes.
+         */
+        BudgetOut: {
+            /**
+             * Limit
+             * @description its budget (workspace_budget_share of its node's memory); 0: none (Valkey says nothing of its memory)
+             */
+            limit: number;
+            /**
+             * Logs
+             * @description what its event logs took, in the windows still counted
+             */
+            logs: number;
+            /**
+             * Markers
+             * @description what its dedupe and claim markers took, likewise
+             */
+            markers: number;
+            /**
+             * Queued
+             * @description what its queued and staged entries take in Valkey
+             */
+            queued: number;
+            /**
+             * Used
+             * @description what counts against the budget: the three parts below
+             */
+            used: number;
         };
         /** BulkOut */
         BulkOut: {
@@ -1200,6 +1254,92 @@ export interface operations {
             };
         };
     };
+    workspace_budget_v1_workspaces__ws__budget_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description workspace ID */
+                ws: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetOut"];
+                };
+            };
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no valid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the token may not use this workspace (or the route needs an admin token); with auth off (serve --no-auth), host_not_allowed / origin_not_allowed: a Host or an Origin that is not loopback (nor a --cors-origin) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the body or the text is too large: body_too_large past the route's limit, judged before the body is read (and before auth) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type: a request body must be application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description a field is missing or of the wrong type; for an accept, idempotency_key_reused: the key was accepted for another text or model (its id), nothing written */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     dismiss_workspace_errors_v1_workspaces__ws__errors_dismiss_post: {
         parameters: {
             query?: never;
@@ -1361,7 +1501,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1904,7 +2044,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2008,7 +2148,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2196,7 +2336,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2343,7 +2483,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2575,7 +2715,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2692,7 +2832,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, nothing written (Retry-After: when that clears); for a list or events, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;

@@ -79,7 +79,7 @@ export async function postUntilAnswered(
       failure = err;
     }
     if (!failure.retryable || attempt + 1 >= backoff.maxAttempts) throw failure;
-    // A quota that clears in hours (workspace_logs_full): the caller's to hear, not to sleep.
+    // A quota that clears in hours (workspace_bytes_full): the caller's to hear, not to sleep.
     if ((failure.retryAfterMs ?? 0) > backoff.maxRetryAfterMs) throw failure;
     await sleep(backoff.delay(attempt, failure.retryAfterMs), signal);
   }

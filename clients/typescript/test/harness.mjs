@@ -329,7 +329,7 @@ export class Proxy {
     }
     if (action === "429-hours") {
       res.writeHead(429, { "Content-Type": "application/json", "Retry-After": "7200" });
-      res.end(JSON.stringify({ error: "workspace_logs_full", detail: "full for hours (proxy)" }));
+      res.end(JSON.stringify({ error: "workspace_bytes_full", detail: "full for hours (proxy)" }));
       return;
     }
     if (isStream && this.refuseStreams) {

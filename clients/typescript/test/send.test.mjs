@@ -81,7 +81,7 @@ test("a Retry-After past maxRetryAfterMs rejects at once and keeps the prompt fo
   assert.ok(Date.now() - started < 5_000, "it did not sleep out the two hours");
   assert.ok(err instanceof OutboxError);
   assert.equal(err.status, 429);
-  assert.equal(err.code, "workspace_logs_full");
+  assert.equal(err.code, "workspace_bytes_full");
   assert.equal(err.retryAfterMs, 7_200_000);
   assert.equal(env.proxy.posts().length - before, 1, "one POST");
   assert.deepEqual((await store.all()).map((p) => p.text), ["later"], "kept for resumePending");

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from ..core.callbacks import BulkResult
 from .auth import Caller
 from .errors import errors
+from .limits import WithinBudget
 from .models import BulkOut
 from .params import OutboxDep, SessionId, WorkspaceId
 
@@ -22,7 +23,8 @@ def _out(result: BulkResult) -> BulkOut:
     return BulkOut(done=result.done, busy=list(result.busy))
 
 
-@router.post(SESSION_ERRORS + "/retry", responses=errors(429))  # workspace_logs_full
+# 429: workspace_bytes_full, token_bytes_full
+@router.post(SESSION_ERRORS + "/retry", responses=errors(429), dependencies=[WithinBudget])
 async def retry_session_errors(
     ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep
 ) -> BulkOut:
@@ -38,7 +40,7 @@ async def dismiss_session_errors(
     return _out(await outbox.dismiss_errors(ws, ses))
 
 
-@router.post(WORKSPACE_ERRORS + "/retry", responses=errors(429))  # as the session's
+@router.post(WORKSPACE_ERRORS + "/retry", responses=errors(429), dependencies=[WithinBudget])
 async def retry_workspace_errors(ws: WorkspaceId, caller: Caller, outbox: OutboxDep) -> BulkOut:
     """Re-arm every error entry of every session of the workspace that no delivery holds."""
     return _out(await outbox.retry_errors(ws))

@@ -29,8 +29,8 @@ from ..core.errors import (
     StorageFormatError,
     StorageFull,
     TextTooLarge,
+    WorkspaceBytesFull,
     WorkspaceFull,
-    WorkspaceLogsFull,
 )
 from ..core.keys import ID_PATTERN, MAX_ID_LENGTH, check_id
 from ..storage.store import UNAVAILABLE
@@ -88,8 +88,10 @@ ERROR_WHY = {
     "(Retry-After); "
     "outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap "
     "entries, nothing written (Retry-After); for an accept, an edit or a retry, "
-    "workspace_logs_full: the workspace's event logs took workspace_log_bytes lately, "
-    "nothing written (Retry-After: when that clears); for a list or events, "
+    "workspace_bytes_full: the workspace is at its byte budget (its queued entries, event "
+    "logs and markers: a share of Valkey's memory), and token_bytes_full: the token's "
+    "workspaces together are at the token's, nothing written (Retry-After); for a list, "
+    "events or history, "
     "answers_buffer_full: the token's answers hold their most bytes unread by its clients "
     "(Retry-After)",
     503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
@@ -140,11 +142,18 @@ async def _workspace_full(_: Request, exc: WorkspaceFull) -> Response:
     return error_response(429, "workspace_full", str(exc), headers=FULL_RETRY_AFTER)
 
 
-async def _logs_full(_: Request, exc: WorkspaceLogsFull) -> Response:
-    # Only time makes this room (a window of the logs' lifetime passing), so Retry-After says
-    # when, however long: a client that sent again sooner would only be refused again.
-    retry_after = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
-    return error_response(429, "workspace_logs_full", str(exc), headers=retry_after)
+def budget_retry_after(seconds: float | None) -> dict[str, str]:
+    """The Retry-After of a byte budget's refusal: when time alone makes room (a window of
+    the logs' or markers' lifetime passing), however long, since a client that sent again
+    sooner would only be refused again; else as a full outbox (deliveries make the room)."""
+    if seconds is None:
+        return FULL_RETRY_AFTER
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+async def _bytes_full(_: Request, exc: WorkspaceBytesFull) -> Response:
+    headers = budget_retry_after(exc.retry_after)
+    return error_response(429, "workspace_bytes_full", str(exc), headers=headers)
 
 
 async def _storage_full(_: Request, exc: StorageFull | OutOfMemoryError) -> Response:
@@ -230,7 +239,7 @@ EXCEPTION_HANDLERS: dict[
     InvalidInput: _invalid_input,  # and its kinds, by their code
     OutboxFull: _outbox_full,
     WorkspaceFull: _workspace_full,  # an OutboxFull with its own code
-    WorkspaceLogsFull: _logs_full,
+    WorkspaceBytesFull: _bytes_full,
     StorageFull: _storage_full,
     StorageFormatError: _storage_format,
     # Valkey past its maxmemory refused the write (noeviction): the same answer, not a 500.

@@ -72,5 +72,5 @@ class AcceptFastPath:
         check_id(PATH_IDS["ses"], ses)
         key = request.headers.get("idempotency-key")
         body = await request.body()
-        outbox, rates = state.outbox, state.accept_rates
-        return await accept_body(outbox, rates, ws, ses, caller, body, key, request.headers)
+        outbox, limits = state.outbox, state.accept_limits
+        return await accept_body(outbox, limits, ws, ses, caller, body, key, request.headers)

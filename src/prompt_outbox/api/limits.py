@@ -1,4 +1,5 @@
-"""The accept rate per token: a token bucket for each bearer token, in this process.
+"""What a token's writes may cost: its accept rate (a token bucket for each bearer token, in
+this process) and its byte budget (what its workspaces hold together in Valkey).
 
 The per-session cap and the workspace quota bound what a token can make Valkey HOLD; this
 bounds how fast it can make the process WORK (each accept is a script, an fsync and, with a
@@ -9,17 +10,30 @@ the process a dictionary lookup per request. A replay (same key) counts like any
 The buckets live in the process: with N ``serve`` replicas behind a balancer, a token may send
 up to N times the rate. That is the price of no extra Valkey round trip per accept; the
 quotas in Valkey (``Tunables.workspace_cap``, the memory ceiling) hold across replicas.
+
+Each workspace has a byte budget, kept by the scripts (``Tunables.workspace_budget_share``);
+a token that may write to several workspaces has one more over them together
+(``TokenBudgets``): ``share`` of Valkey's memory, checked here, before an accept, an edit or a
+client's retry, against the workspaces' holdings read at most once per ``interval`` per token
+(a few fields a workspace). Between two reads a token may go past it by what it writes in one
+interval (its accept rate's worth).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
-from .auth import Principal
-from .errors import ApiError
+from fastapi import Depends, Request
+
+from ..overview import Overview
+from .auth import Caller, Principal
+from .errors import FULL_RETRY_AFTER, ApiError
+from .params import OutboxDep, WorkspaceId
 
 DEFAULT_RATE = 50.0
 """Accepts per second one token may sustain: far above what a person types, low enough that
@@ -72,3 +86,103 @@ class AcceptRates:
                 headers={"Retry-After": str(wait)},
             )
         self._buckets[caller] = (left - 1.0, now)
+
+
+DEFAULT_TOKEN_SHARE = 0.25
+"""The share of Valkey's memory one token's workspaces may hold together: with accepts
+stopping for all at 0.8 (``Tunables.accept_memory_ratio``), one token leaves more than half
+to the others (docs/configuration.md, "Byte budgets")."""
+
+
+class TokenBudgets:
+    """A byte budget for each token over its workspaces together. ``share``: of the memory the
+    written workspace's node has (its maxmemory, or the machine's); ``workspace_share``: each
+    workspace's own (``Tunables.workspace_budget_share``): a token whose workspaces' budgets
+    cannot pass its own together is never read for it. ``interval``: how long a token's
+    holdings, once read, are trusted."""
+
+    def __init__(
+        self,
+        share: float,
+        workspace_share: float,
+        interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"a token's budget share must be above 0 and at most 1, got {share!r}")
+        self.share, self.workspace_share, self.interval = share, workspace_share, interval
+        self._clock = clock
+        # Principal -> (when read, bytes its workspaces held): a row per token of the file.
+        self._held: dict[Principal, tuple[float, int]] = {}
+        self._reads: dict[Principal, asyncio.Lock] = {}
+
+    def bounds(self, caller: Principal) -> bool:
+        """Whether ``caller``'s writes are checked: not an admin's (an operator's), and its
+        workspaces' own budgets could together pass its share."""
+        return not caller.admin and len(caller.workspaces) * self.workspace_share > self.share
+
+    async def check(self, caller: Principal, ws: str, overview: Overview) -> None:
+        """Refuse (429 ``token_bytes_full``) a write of ``caller`` to ``ws`` while its
+        workspaces hold its budget or more."""
+        if not self.bounds(caller):
+            return
+        use = await overview.budget(ws)  # the node's memory: from the cached reading
+        limit = int(self.share * use.memory)
+        if not limit:
+            return  # Valkey says nothing of its memory: no share to take
+        held = await self._holding(caller, overview)
+        if held >= limit:
+            raise ApiError(
+                429,
+                "token_bytes_full",
+                f"this token's workspaces hold {held} bytes together (queued entries, event "
+                f"logs, markers), at or past its budget of {limit} ({self.share:g} of Valkey's "
+                "memory): accepts, edits and retries are refused until deliveries or time "
+                "free room",
+                headers=FULL_RETRY_AFTER,
+            )
+
+    async def _holding(self, caller: Principal, overview: Overview) -> int:
+        # One read per token at a time: its writes meanwhile wait for it, then share it.
+        async with self._reads.setdefault(caller, asyncio.Lock()):
+            seen = self._held.get(caller)
+            now = self._clock()
+            if seen is not None and now - seen[0] < self.interval:
+                return seen[1]
+            uses = await asyncio.gather(*(overview.budget(ws) for ws in caller.workspaces))
+            held = sum(use.used for use in uses)
+            self._held[caller] = (now, held)
+            return held
+
+
+class AcceptLimits:
+    """What a token's write (an accept, an edit, a client's retry) must pass first: its
+    accept rate, then its byte budget (``TokenBudgets``)."""
+
+    def __init__(self, rates: AcceptRates, budgets: TokenBudgets) -> None:
+        self.rates, self.budgets = rates, budgets
+
+    async def admit(self, caller: Principal, ws: str, overview: Overview) -> None:
+        """Spend one of ``caller``'s writes, or refuse it (429)."""
+        self.rates.take(caller)
+        await self.budgets.check(caller, ws, overview)
+
+
+async def get_limits(request: Request) -> AcceptLimits:
+    """The app's write limits (``create_app`` puts them on ``app.state``)."""
+    limits: AcceptLimits = request.app.state.accept_limits
+    return limits
+
+
+LimitsDep = Annotated[AcceptLimits, Depends(get_limits)]
+
+
+async def _within_budget(
+    ws: WorkspaceId, caller: Caller, outbox: OutboxDep, limits: LimitsDep
+) -> None:
+    await limits.budgets.check(caller, ws, outbox.overview)
+
+
+WithinBudget = Depends(_within_budget)
+"""A route's dependency: the caller's token budget (429 ``token_bytes_full``) before it runs:
+a client's retry re-arms entries, each logging its whole entry at every move."""

@@ -171,6 +171,20 @@ class SeriesOut(BaseModel):
     minutes: list[MinuteOut] = Field(description="oldest first, the current minute last")
 
 
+class BudgetOut(BaseModel):
+    """What a workspace holds against its byte budget (docs/configuration.md, "Byte
+    budgets"), in bytes."""
+
+    used: int = Field(description="what counts against the budget: the three parts below")
+    queued: int = Field(description="what its queued and staged entries take in Valkey")
+    logs: int = Field(description="what its event logs took, in the windows still counted")
+    markers: int = Field(description="what its dedupe and claim markers took, likewise")
+    limit: int = Field(
+        description="its budget (workspace_budget_share of its node's memory); 0: none "
+        "(Valkey says nothing of its memory)"
+    )
+
+
 class DeliveredOut(BaseModel):
     """A delivered prompt of a session's recent history."""
 

@@ -25,6 +25,7 @@ from ..overview import (
 from .auth import Anyone, Caller
 from .errors import errors
 from .models import (
+    BudgetOut,
     CountsOut,
     DeliveredOut,
     HistoryOut,
@@ -146,6 +147,17 @@ async def workspace_series(
     Kept by the transitions in a two-hour ring, so this costs two small reads."""
     points = await outbox.overview.series(ws, minutes)
     return SeriesOut(minutes=[_minute(p) for p in points])
+
+
+@router.get("/v1/workspaces/{ws}/budget", responses=errors())
+async def workspace_budget(ws: WorkspaceId, caller: Caller, outbox: OutboxDep) -> BudgetOut:
+    """What the workspace holds against its byte budget, part by part, and that budget: a
+    few fields read, no entry. Past the budget its accepts, edits and retries are refused
+    (429 ``workspace_bytes_full``)."""
+    use = await outbox.overview.budget(ws)
+    return BudgetOut(
+        used=use.used, queued=use.queued, logs=use.logs, markers=use.markers, limit=use.limit
+    )
 
 
 @router.get("/v1/workspaces/{ws}/sessions/{ses}/history", responses=errors())

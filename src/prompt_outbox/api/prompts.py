@@ -26,7 +26,7 @@ from ..outbox import Outbox
 from .answers import AnswersDep, charge, list_body
 from .auth import Caller, Principal
 from .errors import ApiError, errors
-from .limits import AcceptRates
+from .limits import AcceptLimits, LimitsDep, WithinBudget
 from .models import Accepted, EditedOut, EntryList, Retried
 from .params import EntryId, OutboxDep, SessionId, WorkspaceId
 from .sse import event_stream
@@ -136,14 +136,16 @@ async def accept_prompt(
     (200, ``Idempotent-Replayed: true``). The same key with another text or model is a 422
     ``idempotency_key_reused`` (with the first entry's ``id``), and changes nothing."""
     # ``fast.AcceptFastPath`` answers this route before FastAPI routes it; both end here.
-    rates = request.app.state.accept_rates
+    limits = request.app.state.accept_limits
     body = await request.body()
-    return await accept_body(outbox, rates, ws, ses, caller, body, idempotency_key, request.headers)
+    return await accept_body(
+        outbox, limits, ws, ses, caller, body, idempotency_key, request.headers
+    )
 
 
 async def accept_body(
     outbox: Outbox,
-    rates: AcceptRates,
+    limits: AcceptLimits,
     ws: str,
     ses: str,
     caller: Principal,
@@ -151,11 +153,13 @@ async def accept_body(
     key: str | None,
     headers: Mapping[str, str],
 ) -> Response:
-    """The accept route once auth and the path IDs passed: the caller's rate, then the body
-    checked and accepted. ``key``: the Idempotency-Key header as sent, if any. ``headers``:
-    the request's, for its trace context (W3C ``traceparent``: the accept span's parent)."""
+    """The accept route once auth and the path IDs passed: the caller's rate and byte budget,
+    then the body checked and accepted. ``key``: the Idempotency-Key header as sent, if any.
+    ``headers``: the request's, for its trace context (W3C ``traceparent``: the accept
+    span's parent)."""
     with tracing().accept(about(ws, ses), headers) as span:
-        rates.take(caller)  # before the body is parsed: a flood costs a lookup per request
+        # Before the body is parsed: a flood costs a lookup per request.
+        await limits.admit(caller, ws, outbox.overview)
         cmid, text, model, while_busy = _parse_prompt(
             body, None if key is None else _idempotency_key(key)
         )
@@ -193,7 +197,11 @@ async def list_prompts(
     return GatedStream(list_body(entries, hold), hold.close, media_type="application/json")
 
 
-@router.post(SESSION + "/prompts/{entry_id}/retry", responses=errors(404, 409, 429))
+@router.post(
+    SESSION + "/prompts/{entry_id}/retry",
+    responses=errors(404, 409, 429),
+    dependencies=[WithinBudget],
+)
 async def retry_prompt(
     ws: WorkspaceId, ses: SessionId, entry_id: EntryId, caller: Caller, outbox: OutboxDep
 ) -> Retried:
@@ -223,11 +231,12 @@ async def edit_prompt(
     request: Request,
     caller: Caller,
     outbox: OutboxDep,
+    limits: LimitsDep,
 ) -> EditedOut:
     """Edit a pending or error entry's text or model before it is sent: 200, 404 (absent),
     409 ``busy`` (a delivery holds the session) or ``not_editable`` (staged, verifying or
     parked). An error entry stays in error until retried. Emits the event ``edited``."""
-    request.app.state.accept_rates.take(caller)  # an edit writes as much as an accept
+    await limits.admit(caller, ws, outbox.overview)  # an edit writes as much as an accept
     body = await request.body()
     fields = _object_fields(body)
     text, model = fields.get("text", (None, ""))[0], fields.get("model", (None, None))[1]

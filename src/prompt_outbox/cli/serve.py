@@ -18,7 +18,7 @@ import uvicorn
 from ..api import RateLimit, StreamLimits, TokenTable, create_app
 from ..api.guard import is_loopback_host
 from ..api.health import DEFAULT_COUNT_INTERVAL
-from ..api.limits import DEFAULT_BURST, DEFAULT_RATE
+from ..api.limits import DEFAULT_BURST, DEFAULT_RATE, DEFAULT_TOKEN_SHARE
 from ..api.streams import DEFAULT_PER_PROCESS, DEFAULT_PER_TOKEN
 from ..outbox import Outbox
 from ..storage.connect import connect
@@ -69,6 +69,7 @@ async def run_api(
     access_log: bool = False,
     cors_origins: tuple[str, ...] = (),
     accept_rate: RateLimit | None = None,
+    token_budget_share: float = DEFAULT_TOKEN_SHARE,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
     request_deadline: float | None = None,
     api_docs: bool = False,
@@ -90,6 +91,7 @@ async def run_api(
             answers=readers.answers,
             cors_origins=cors_origins,
             accept_rate=accept_rate,
+            token_budget_share=token_budget_share,
             count_interval=count_interval,
             request_deadline=request_deadline,
             api_docs=api_docs,
@@ -185,6 +187,16 @@ async def run_api(
     envvar="PROMPT_OUTBOX_ACCEPT_BURST",
     type=click.IntRange(min=1),
     help="accepts one token may send at once after a quiet spell",
+)
+@click.option(
+    "--token-budget-share",
+    default=DEFAULT_TOKEN_SHARE,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_TOKEN_BUDGET_SHARE",
+    type=click.FloatRange(min=0, min_open=True, max=1),
+    help="the share of Valkey's memory (its maxmemory, or the machine's) that the workspaces "
+    "of one token may hold together (429 token_bytes_full past it); each workspace has its "
+    "own, the workspace_budget_share tunable",
 )
 @click.option(
     "--metrics-count-interval",
@@ -283,6 +295,7 @@ def serve(
     streams_buffer_mib: int,
     accept_rate: float,
     accept_burst: int,
+    token_budget_share: float,
     metrics_count_interval: float,
     access_log: bool,
     cors_origins: tuple[str, ...],
@@ -350,6 +363,7 @@ def serve(
                 access_log=access_log,
                 cors_origins=cors_origins,
                 accept_rate=RateLimit(accept_rate, accept_burst),
+                token_budget_share=token_budget_share,
                 count_interval=metrics_count_interval,
                 request_deadline=request_deadline,
                 api_docs=api_docs,

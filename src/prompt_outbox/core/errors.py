@@ -81,21 +81,39 @@ class WorkspaceFull(OutboxFull):
         self.cap = cap
 
 
-class WorkspaceLogsFull(Exception):
-    """The workspace's event logs took ``limit`` bytes or more (``Tunables.workspace_log_bytes``)
-    in the current and the previous window of ``event_log_ttl``: an accept, an edit or a
-    retry, each of which logs a whole entry (a retry re-arms one for more moves), is refused
-    with nothing written. Deliveries and every other move of what is already accepted keep
-    logging. Only time makes room: the older window's bytes stop counting at a window
-    boundary, ``retry_after`` seconds from the refusal. ``used``: the bytes counted. Not an
-    ``OutboxFull``: deliveries do not free this room."""
+class WorkspaceBytesFull(Exception):
+    """The workspace is at its byte budget (``Tunables.workspace_budget_share`` of Valkey's
+    ``maxmemory``): what it holds, counted in ``used`` bytes, would pass ``limit`` with this
+    write. An accept, an edit or a client's retry (each logs a whole entry, and a retry re-arms
+    one for more moves) is refused with nothing written; deliveries and every other move of
+    what is already accepted go on. ``queued``: what its entries take (deliveries free it);
+    ``logs``: its event logs' bytes, ``markers``: its dedupe and claim markers' (both counted
+    in windows of the server's clock: time frees them). ``retry_after``: seconds until the
+    windows passing alone bring it under the budget, or None when only deliveries can. Not an
+    ``OutboxFull``, whose room deliveries always make."""
 
-    def __init__(self, used: int, limit: int, retry_after: float) -> None:
+    def __init__(
+        self,
+        used: int,
+        limit: int,
+        retry_after: float | None,
+        *,
+        queued: int = 0,
+        logs: int = 0,
+        markers: int = 0,
+    ) -> None:
         super().__init__(
-            f"this workspace's event logs took {used} bytes lately, at or past their bound "
-            f"of {limit}: accepts, edits and retries are refused for {math.ceil(retry_after)} s"
+            f"this workspace holds {used} bytes (queued entries {queued}, event logs {logs}, "
+            f"dedupe and claim markers {markers}), and this write would take it past its "
+            f"budget of {limit}: accepts, edits and retries are refused "
+            + (
+                f"for {math.ceil(retry_after)} s"
+                if retry_after is not None
+                else "until deliveries free room"
+            )
         )
         self.used, self.limit, self.retry_after = used, limit, retry_after
+        self.queued, self.logs, self.markers = queued, logs, markers
 
 
 class StorageFull(Exception):

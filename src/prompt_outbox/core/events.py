@@ -69,13 +69,17 @@ def parse_event_id(value: str) -> tuple[int, int]:
 @dataclass(frozen=True, slots=True)
 class EventLogState:
     """A session event log as read with the queue: first and last IDs ('' if there is no
-    log), length, events ever added (minus length: what the cap trimmed), server time (ms)."""
+    log), length, events ever added (minus length: what the cap trimmed), server time (ms);
+    and, when its first event began it again past its bytes (``lua/lib.lua`` ``emit``), the
+    last ID of the log it followed (``first_after``; '' otherwise): a reader that stood
+    there has missed nothing."""
 
     first: str
     last: str
     length: int
     added: int
     now_ms: int
+    first_after: str = ""
 
     def position(self) -> str:
         """Where a reader that has the current queue stands. With no log yet, "0-<now>": every
@@ -87,6 +91,8 @@ def missed_events(after: str, log: EventLogState, ttl_ms: int) -> bool:
     """Could a reader that saw everything up to ``after`` have missed events still to come
     from the log? Conservative: when in doubt the reader gets a reset, never a silent gap."""
     ms, seq = parse_event_id(after)
+    if log.first_after and after == log.first_after:
+        return False  # the log began again right after what the reader saw
     seen_at = seq if ms == 0 else ms  # "0-<t>": the log was missing at t
     if seen_at < log.now_ms - ttl_ms:
         return True  # older than a log lives: it may have expired and started again since

@@ -72,6 +72,11 @@ COUNT_TOTAL = ":total"
 """The field of ``WorkspaceKeys.count`` that holds the workspace's entries in all (a colon:
 no session ID can take the name). ``storage/scripts.py`` hands it to the Lua prelude."""
 
+BYTES_TOTAL = ":bytes"
+"""The field of ``WorkspaceKeys.count`` that holds what the workspace's queues and staging
+lists take in memory, in bytes (the sum of its ``bytes_field`` fields): the queued part of its
+byte budget (``lua/lib.lua`` ``sized``)."""
+
 COUNT_SEP = "|"
 """In the fields of ``WorkspaceKeys.count`` that the overview's tally keeps: ``<ses>|tally``, a
 session's entries in each status and the send start of its staged entry, packed in one field
@@ -82,6 +87,11 @@ as ``COUNT_TOTAL``). No ID holds either sign."""
 def tally_field(ses: str) -> str:
     """The count HASH's field of a session's tally (read by ``lua/tally.lua``)."""
     return f"{ses}{COUNT_SEP}tally"
+
+
+def bytes_field(ses: str) -> str:
+    """The count HASH's field of what a session's queue and staging take in memory (bytes)."""
+    return f"{ses}{COUNT_SEP}bytes"
 
 
 def status_total(status: str) -> str:
@@ -193,7 +203,8 @@ class WorkspaceKeys:
         """HASH session -> its entries (queue plus staging), and ``COUNT_TOTAL`` -> their sum:
         what the workspace quota (``Tunables.workspace_cap``) counts, kept exact by every
         session script (``lib.lua`` ``count``). Beside them, the overview's tally, kept by
-        the same scripts (``lib.lua``, "the tally"): ``tally_field`` and ``status_total``."""
+        the same scripts (``lib.lua``, "the tally"): ``tally_field`` and ``status_total``;
+        and the bytes its lists take (``bytes_field``, ``BYTES_TOTAL``: ``lib.lua`` ``sized``)."""
         return f"outboxcount:{{{self.ws}}}"
 
     @property
@@ -204,10 +215,12 @@ class WorkspaceKeys:
 
     @property
     def log_bytes(self) -> str:
-        """HASH window -> bytes: what the workspace's event logs took in each window of
-        ``event_log_ttl`` (window = server ms // the TTL in ms), kept by every event
-        (``lib.lua`` ``emit``). The current and the previous window hold every byte the logs
-        can still hold: accepts and edits stop past ``Tunables.workspace_log_bytes``."""
+        """HASH: what the workspace wrote that expires on its own, in bytes per window of
+        the server's clock: its event logs (field ``<w>``, windows of ``event_log_ttl``,
+        kept by ``lib.lua`` ``emit``), its dedupe and claim markers (``m<w>``, windows of
+        their longest life), and each session log's bytes since it began (field: the log's
+        key). The current and the previous windows hold every byte still held: with the
+        queued bytes, what the workspace's byte budget counts (``lib.lua`` ``over_budget``)."""
         return f"outboxlogbytes:{{{self.ws}}}"
 
     @property

@@ -75,10 +75,10 @@ class Metrics:
             "Accepts refused: Valkey's memory was at accept_memory_ratio of its maxmemory.",
             registry=r,
         )
-        self.refused_logs_full = Counter(
-            "prompt_outbox_refused_logs_full",
-            "Accepts, edits and retries refused: the workspace's event logs took "
-            "workspace_log_bytes in this window of event_log_ttl and the one before.",
+        self.refused_bytes_full = Counter(
+            "prompt_outbox_refused_bytes_full",
+            "Accepts, edits and retries refused: the workspace was at its byte budget "
+            "(workspace_budget_share of Valkey's memory: queued entries, event logs, markers).",
             registry=r,
         )
         self.refused_busy = Counter(
@@ -102,7 +102,7 @@ class Metrics:
             "full": self.refused_full,
             "workspace_full": self.refused_workspace_full,
             "storage_full": self.refused_storage_full,
-            "logs_full": self.refused_logs_full,
+            "bytes_full": self.refused_bytes_full,
             "rejected": self.refused_busy,
             "reused": self.refused_reused,
         }

@@ -12,7 +12,8 @@ _MINUTE = 60.0
 _HOUR = 60 * _MINUTE
 _DEFAULT_LEASE = 30.0
 _SMALLEST = 0.001  # seconds: one millisecond, the resolution of a Valkey TTL
-_RATIOS = ("accept_memory_ratio",)  # shares, not durations
+MIN_EVENT_LOG_BYTES = 64 * 1024
+_RATIOS = ("accept_memory_ratio", "workspace_budget_share")  # shares, not durations
 
 
 class _Derived(float):
@@ -55,9 +56,11 @@ class Tunables:
     default, ``fsync``, costs nothing on a server with ``appendfsync always`` (the embedded one).
 
     ``workspace_cap`` bounds the entries of one workspace over all its sessions (``cap`` bounds
-    one session's). ``workspace_log_bytes`` bounds what its sessions' event logs may take in
-    the current and the previous window of ``event_log_ttl`` (a log lives that long from its
-    first event): past it accepts, edits and retries stop (``WorkspaceLogsFull``).
+    one session's). ``workspace_budget_share`` bounds the bytes it holds (its queued entries,
+    its event logs, its dedupe and claim markers) at that share of Valkey's ``maxmemory`` (of
+    the machine's memory on a server without one): past it accepts, edits and retries stop
+    (``WorkspaceBytesFull``). ``event_log_bytes`` bounds one session's event log in bytes (past
+    it the log begins again; a reader behind gets a reset).
     ``accept_memory_ratio``: accepts stop (``StorageFull``) while Valkey's used
     memory is at that share of its ``maxmemory`` (a server without one has no such check), so
     deliveries, which free room, still have the rest; ``memory_check_interval`` is how long a
@@ -101,14 +104,14 @@ class Tunables:
     turn_ceiling: float = 2 * _HOUR
     turn_check_interval: float = _MINUTE
     turn_grace: float = 10 * _MINUTE
-    # The per-session event log behind SSE: its newest events, dropped after a quiet spell.
+    # The per-session event log behind SSE: its newest events, at most event_log_bytes of
+    # them, each log living event_log_ttl from its first event.
     event_log_len: int = 1000
     event_log_ttl: float = 24 * _HOUR
-    # Ours: bytes one workspace's event logs may take in this window of event_log_ttl and the
-    # one before (every byte they hold), before its accepts, edits, retries stop. Busy normal use
-    # logs ~1.5 MB a session a day (50 prompts of 10 KB, each logged ~3 times): this is 170
-    # such sessions a day; an eighth of the embedded server's largest default maxmemory.
-    workspace_log_bytes: int = 512 * 1024 * 1024
+    event_log_bytes: int = 1024 * 1024
+    # Ours: the share of Valkey's memory one workspace may hold (docs/configuration.md, "Byte
+    # budgets", has the arithmetic).
+    workspace_budget_share: float = 0.1
     # What an acknowledged accept promises, and how long an accept waits for that promise.
     accept_durability: DurabilityLevel = _DEFAULT_LEVEL  # type: ignore[assignment]
     durability_timeout: float = 5.0
@@ -156,10 +159,18 @@ class Tunables:
             elif value < _SMALLEST and f.name not in _RATIOS:
                 # Valkey's TTLs are whole milliseconds: a shorter lease would be PX 0.
                 raise ValueError(f"Tunables.{f.name} must be at least 0.001 s, got {value!r}")
-        if not 0 < self.accept_memory_ratio <= 1:
+        for name in _RATIOS:
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(
+                    f"Tunables.{name} must be a share of maxmemory, above 0 and at most 1, "
+                    f"got {getattr(self, name)!r}"
+                )
+        if self.event_log_bytes < MIN_EVENT_LOG_BYTES:
+            # A new log's first node alone takes ~4 KiB: below a few, every event would begin
+            # a new log.
             raise ValueError(
-                "Tunables.accept_memory_ratio must be a share of maxmemory, above 0 and at "
-                f"most 1, got {self.accept_memory_ratio!r}"
+                f"Tunables.event_log_bytes must be at least {MIN_EVENT_LOG_BYTES}, "
+                f"got {self.event_log_bytes!r}"
             )
         if self.lock_ttl <= self.delivery_timeout:
             raise ValueError(

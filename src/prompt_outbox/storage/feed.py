@@ -420,9 +420,12 @@ class Follower:
 
 def _began_after(event: Event, position: str) -> bool:
     """Whether ``event`` began a log (``emit`` in ``lua/lib.lua`` marks a log's first event)
-    while the reader stood in an earlier one. A ``0-<t>`` position (no log when the reader
-    read the queue) is before any log: nothing of an earlier one can be missing."""
-    if event[1].get("began") != "1":
+    while the reader stood in an earlier one, short of its end: a log that began again past
+    its bytes names the last ID of the one before (``after``), and a reader that stood there
+    missed nothing. A ``0-<t>`` position (no log when the reader read the queue) is before
+    any log: nothing of an earlier one can be missing."""
+    fields = event[1]
+    if fields.get("began") != "1" or fields.get("after") == position:
         return False
     with contextlib.suppress(ValueError):
         return parse_event_id(position)[0] != 0

@@ -9,6 +9,10 @@ reading (INFO memory) is cached per node for ``interval`` seconds: an accept pay
 trip for it but once an interval per node (concurrent accepts share that read). A server
 without ``maxmemory`` (0) has no ceiling; it is read again each interval, so a
 ``CONFIG SET maxmemory`` is seen within one.
+
+The same reading sizes the byte budgets (a workspace's, a token's): a share of the node's
+``maxmemory``, or of the machine's memory (``total_system_memory``) on a server without one,
+the most it could take before the kernel stops it.
 """
 
 from __future__ import annotations
@@ -30,16 +34,27 @@ log = logging.getLogger("prompt_outbox.storage")
 
 @dataclass(frozen=True, slots=True)
 class Memory:
-    """One node's INFO memory: ``used`` and ``limit`` (maxmemory; 0: none) in bytes, and
-    when it was read (``time.monotonic``)."""
+    """One node's INFO memory: ``used`` and ``limit`` (maxmemory; 0: none) in bytes, when it
+    was read (``time.monotonic``), and the machine's memory (``system``; 0: not said)."""
 
     used: int
     limit: int
     read_at: float
+    system: int = 0
 
     def over(self, ratio: float) -> bool:
         """Whether accepts must stop: a maxmemory, and ``used`` at ``ratio`` of it or past."""
         return self.limit > 0 and self.used >= ratio * self.limit
+
+    @property
+    def basis(self) -> int:
+        """What the byte budgets are shares of: ``maxmemory``, or with none the machine's
+        memory (0: neither is known, and there is no budget)."""
+        return self.limit or self.system
+
+    def budget(self, share: float) -> int:
+        """``share`` of ``basis`` in bytes, at least 1 (0: no budget)."""
+        return max(1, int(share * self.basis)) if self.basis else 0
 
 
 class MemoryCeiling:
@@ -69,11 +84,16 @@ class MemoryCeiling:
     async def over(self, k: SessionKeys) -> Memory | None:
         """The reading of the node that owns the session's slot if accepts must stop there,
         else None."""
-        node, name = self.topology.node_of(k.queue)
+        memory = await self.reading(k.queue)
+        return memory if memory.over(self.ratio) else None
+
+    async def reading(self, key: str) -> Memory:
+        """The reading of the node that owns ``key``'s slot (cached ``interval``)."""
+        node, name = self.topology.node_of(key)
         memory = self._readings.get(name)
         if memory is None or self._clock() - memory.read_at >= self.interval:
             memory = await self._read(node, name)
-        return memory if memory.over(self.ratio) else None
+        return memory
 
     async def _read(self, node: Any, name: str) -> Memory:
         # One read per node at a time: the accepts that find it stale meanwhile wait for it.
@@ -90,7 +110,10 @@ class MemoryCeiling:
                     self._unreadable.add(name)
                 info = {}
             memory = Memory(
-                int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)), self._clock()
+                int(info.get("used_memory", 0)),
+                int(info.get("maxmemory", 0)),
+                self._clock(),
+                int(info.get("total_system_memory", 0)),
             )
             self._readings[name] = memory
             return memory

@@ -17,8 +17,8 @@ from ..core.errors import (
     OutboxFull,
     SessionBusy,
     StorageFull,
+    WorkspaceBytesFull,
     WorkspaceFull,
-    WorkspaceLogsFull,
 )
 from ..core.events import EventLogState
 from .memory import Memory
@@ -56,7 +56,7 @@ class Accept(enum.Enum):
     FULL = "full"  # the session holds cap entries
     WORKSPACE_FULL = "workspace_full"  # the workspace holds workspace_cap entries
     STORAGE_FULL = "storage_full"  # the node's memory is at the accept ceiling
-    LOGS_FULL = "logs_full"  # the workspace's logs took workspace_log_bytes lately
+    BYTES_FULL = "bytes_full"  # the workspace is at its byte budget
 
 
 class Confirm(enum.Enum):
@@ -79,20 +79,54 @@ class Confirmation:
 
 
 @dataclass(frozen=True, slots=True)
-class LogsFull:
-    """A ``logs_full`` reply (accept.lua, edit.lua): the bytes the workspace's logs took in
-    this window and the one before, and the ms until a window boundary brings them under
-    the bound."""
+class BytesFull:
+    """A ``bytes_full`` reply (accept.lua, edit.lua, replace.lua): what the workspace holds
+    in all and in each part, the ms until the windows passing bring it under its budget (0:
+    they cannot), and whether deliveries, freeing its queued bytes, could."""
 
     used: int
+    queued: int
+    logs: int
+    markers: int
     clears_in_ms: int
+    deliveries_help: bool
 
     @classmethod
-    def of(cls, payload: list[Any]) -> LogsFull:
-        return cls(int(payload[0]), int(payload[1]))
+    def of(cls, payload: list[Any]) -> BytesFull:
+        used, queued, logs, markers, clears, deliveries = (int(x) for x in payload[:6])
+        return cls(used, queued, logs, markers, clears, bool(deliveries))
 
-    def refusal(self, limit: int) -> WorkspaceLogsFull:
-        return WorkspaceLogsFull(self.used, limit, max(self.clears_in_ms, 0) / 1000)
+    def refusal(self, limit: int) -> WorkspaceBytesFull:
+        # When deliveries may make room, a client is told to look again soon (None), not when
+        # the windows would have made it alone.
+        waits = self.clears_in_ms > 0 and not self.deliveries_help
+        return WorkspaceBytesFull(
+            self.used,
+            limit,
+            self.clears_in_ms / 1000 if waits else None,
+            queued=self.queued,
+            logs=self.logs,
+            markers=self.markers,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What a workspace holds against its byte budget (holding.lua), in bytes: its queued
+    entries, and what its event logs and its markers took in the windows still counted."""
+
+    queued: int
+    logs: int
+    markers: int
+
+    @property
+    def total(self) -> int:
+        return self.queued + self.logs + self.markers
+
+    @classmethod
+    def of(cls, payload: list[Any]) -> Holding:
+        queued, logs, markers = (int(x) for x in payload[:3])
+        return cls(queued, logs, markers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,26 +134,27 @@ class Accepted:
     """accept.lua's answer: ``accepted_id`` is the first accept's ID for a DUPLICATE or a
     REUSED key; ``confirmation`` what the durability wait saw (None when none was asked, or
     a refusal); ``in_flight`` the entry being delivered when an ``interrupt`` accept
-    landed ('' if none); ``memory`` the node's reading that refused a STORAGE_FULL; ``logs``
-    what refused a LOGS_FULL."""
+    landed ('' if none); ``memory`` the node's reading that refused a STORAGE_FULL; ``held``
+    what refused a BYTES_FULL, and ``budget`` the workspace's budget it was refused at."""
 
     outcome: Accept
     accepted_id: str = ""
     confirmation: Confirmation | None = None
     in_flight: str = ""
     memory: Memory | None = None
-    logs: LogsFull | None = None
+    held: BytesFull | None = None
+    budget: int = 0
 
-    def refusal(self, cap: int, workspace_cap: int, log_bytes: int) -> Exception | None:
+    def refusal(self, cap: int, workspace_cap: int) -> Exception | None:
         """The library's exception for a refused accept (None for OK and DUPLICATE): the
-        session's ``cap``, the workspace's ``workspace_cap``, its logs' ``log_bytes``, the
-        memory ceiling, whileBusy reject, a reused key. Nothing was written for any of them."""
+        session's ``cap``, the workspace's ``workspace_cap``, its byte budget, the memory
+        ceiling, whileBusy reject, a reused key. Nothing was written for any of them."""
         if self.outcome is Accept.FULL:
             return OutboxFull(cap)
         if self.outcome is Accept.WORKSPACE_FULL:
             return WorkspaceFull(workspace_cap)
-        if self.logs is not None:
-            return self.logs.refusal(log_bytes)
+        if self.held is not None:
+            return self.held.refusal(self.budget)
         if self.outcome is Accept.STORAGE_FULL:
             m = self.memory
             return StorageFull(m.used if m else 0, m.limit if m else 0)
@@ -195,7 +230,7 @@ class Replace(enum.Enum):
     OK = "ok"
     BUSY = "busy"  # another holder owns the session
     LOST = "lost"  # a lock value was given, and nobody holds the lock (the fence)
-    LOGS_FULL = "logs_full"  # a client's retry, as Accept's (a LogsFull payload)
+    BYTES_FULL = "bytes_full"  # a client's retry, as Accept's (a BytesFull payload)
 
 
 class Edited(enum.Enum):
@@ -204,7 +239,7 @@ class Edited(enum.Enum):
     OK = "ok"
     BUSY = "busy"  # a holder has the session
     CHANGED = "changed"  # the exact string read is gone from the queue
-    LOGS_FULL = "logs_full"  # as Accept's (a LogsFull payload)
+    BYTES_FULL = "bytes_full"  # as Accept's (a BytesFull payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,14 +320,9 @@ class Snapshot:
 
 
 def snapshot(payload: list[Any]) -> Snapshot:
-    q, d, lockval, pttl, (first, last, length, added, now) = payload
-    return Snapshot(
-        [text(x) for x in q],
-        [text(x) for x in d],
-        text(lockval),
-        int(pttl),
-        EventLogState(text(first), text(last), int(length), int(added), int(now)),
-    )
+    q, d, lockval, pttl, (first, last, length, added, now, after) = payload
+    log = EventLogState(text(first), text(last), int(length), int(added), int(now), text(after))
+    return Snapshot([text(x) for x in q], [text(x) for x in d], text(lockval), int(pttl), log)
 
 
 @dataclass(frozen=True, slots=True)

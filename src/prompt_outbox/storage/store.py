@@ -20,6 +20,7 @@ from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 from ..core.errors import StorageFormatError
 from ..core.keys import FORMAT_KEY, STORAGE_FORMAT, SessionKeys, WorkspaceKeys
 from . import replies, waitaof
+from .budget import Budgets
 from .client import Client
 from .dueindex import DueIndex
 from .memory import MemoryCeiling
@@ -28,6 +29,7 @@ from .replies import (
     Accepted,
     Acquire,
     Acquired,
+    BytesFull,
     Claim,
     Claimed,
     Counted,
@@ -36,7 +38,6 @@ from .replies import (
     Format,
     Held,
     Lock,
-    LogsFull,
     Ok,
     Replace,
     Requeue,
@@ -47,13 +48,12 @@ from .replies import (
     parse,
     text,
 )
-from .scripts import sources
+from .scripts import CLAIM_MARKER_TTL_MS, LogBounds, sources
 from .topology import topology_of
 from .turnstore import TurnStore
 from .walk import Walk
 
-_READS = frozenset({"snapshot", "tally"})  # scripts that write nothing: no format check
-_CLAIM_MARKER_TTL_MS = 3_600_000  # far longer than any retry of one completion
+_READS = frozenset({"snapshot", "tally", "holding"})  # scripts that write nothing: no format check
 
 UNAVAILABLE: tuple[type[Exception], ...] = (
     ValkeyConnectionError,
@@ -78,20 +78,21 @@ def notice_member(ses: str, entry_id: str) -> str:
 class Store:
     """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's.
 
-    ``event_log_len`` / ``event_log_ttl_ms`` bound each session's event log (its newest events;
-    gone once the session is quiet that long). ``memory_ratio`` / ``memory_interval``: accepts
-    stop at that share of a node's maxmemory, read at most once per interval (memory.py). On
-    a cluster every transition is still one script on the workspace's slot (its keys share
-    the ``{ws}`` hash tag)."""
+    ``logs`` bounds each session's event log (its newest events, its bytes, and how long it
+    lives) and says how long markers live (``scripts.LogBounds``). ``memory_ratio`` /
+    ``memory_interval``: accepts stop at that share of a node's maxmemory, read at most once
+    per interval (memory.py). ``budget_share``: of the node's memory, a workspace's byte budget
+    (budget.py). On a cluster every transition is still one script on the workspace's slot
+    (its keys share the ``{ws}`` hash tag)."""
 
     def __init__(
         self,
         client: Client,
         *,
-        event_log_len: int = 1000,
-        event_log_ttl_ms: int = 86_400_000,
+        logs: LogBounds | None = None,
         memory_ratio: float = 0.8,
         memory_interval: float = 1.0,
+        budget_share: float = 0.1,
     ) -> None:
         self.client = client
         self.topology = topology_of(client)
@@ -100,13 +101,15 @@ class Store:
         """The accept path's memory ceiling (per node cached INFO memory)."""
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(src)  # type: ignore[misc]  # cluster: typed as Valkey's
-            for name, src in sources(event_log_len, event_log_ttl_ms).items()
+            for name, src in sources(logs or LogBounds()).items()
         }
         self.due = DueIndex(self.topology, self._scripts)
         self.walk = Walk(client, self.due)
         """The walks over every workspace (maintenance, recovery, counts, admin)."""
         self.turns = TurnStore(client, self._run, self.due)
         """Sessions held in turn: their ends, checks and owners (storage/turnstore.py)."""
+        self.budgets = Budgets(self.memory, budget_share, self._run)
+        """The workspaces' byte budgets, and what each holds (storage/budget.py)."""
         self._pipe = self.topology.auto_pipeline(self.load_scripts)
         # How a transition and its due mark travel, chosen once (the only read of the kind):
         # one script with a WAITAOF after it on its connection, or three calls.
@@ -209,14 +212,13 @@ class Store:
         now_ms: int,
         wait: waitaof.WaitAof | None = None,
         while_busy: str = "enqueue",
-        *,
-        log_bytes: int,
     ) -> Accepted:
         """accept.lua: dedupe (key, then payload ``fingerprint``), the memory ceiling (the
         node's cached reading, passed in: STORAGE_FULL), ``while_busy`` (a reject refuses a
         busy session; an interrupt names the entry in flight), the session's ``cap``, the
-        workspace's ``workspace_cap`` (its count's total: O(1)), what its logs may take
-        (``log_bytes``: LOGS_FULL past it, two fields read), push, marker, fingerprint;
+        workspace's ``workspace_cap`` (its count's total: O(1)), its byte budget (a share of
+        the node's memory, from the same reading: BYTES_FULL past it, five fields read),
+        push, marker, fingerprint;
         marked due and announced. With ``wait``, then WAITAOF for the accept (or
         a DUPLICATE's first accept, whose marker is written again for it): in the accept's
         own pipeline on a standalone server, as a pair of its own on a cluster. ``now_ms`` is
@@ -227,14 +229,16 @@ class Store:
         keys = [*k.script_keys(), marker, k.fingerprint(cmid)]
         waits = int(bool(tail))
         args = [k.ses, entry, entry_id, cap, ttl_ms, waits, fingerprint, while_busy, workspace_cap]
-        over = await self.memory.over(k)
-        args += [int(over is not None), now_ms, log_bytes]
+        memory = await self.memory.reading(k.queue)
+        over = memory.over(self.memory.ratio)
+        budget = memory.budget(self.budgets.share)
+        args += [int(over), now_ms, budget]
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
         if outcome is Accept.STORAGE_FULL:
-            return Accepted(outcome, memory=over)
-        if outcome is Accept.LOGS_FULL:
-            return Accepted(outcome, logs=LogsFull.of(rest))
+            return Accepted(outcome, memory=memory)
+        if outcome is Accept.BYTES_FULL:
+            return Accepted(outcome, held=BytesFull.of(rest), budget=budget)
         first = text(rest[0]) if outcome in (Accept.DUPLICATE, Accept.REUSED) else ""
         in_flight = text(rest[0]) if outcome is Accept.OK and rest else ""
         if wait is None or outcome not in (Accept.OK, Accept.DUPLICATE):
@@ -296,7 +300,7 @@ class Store:
         w = k.workspace
         keys = [*k.script_keys(), k.claim(entry_id), w.notices, w.notices_due, w.turns]
         keys += [k.early_end, w.in_turn]
-        args = [k.ses, entry_id, lockval, now_ms, _CLAIM_MARKER_TTL_MS, entry, grace_ms]
+        args = [k.ses, entry_id, lockval, now_ms, CLAIM_MARKER_TTL_MS, entry, grace_ms]
         args += [next_lease_ms, turn, turn_ms, owner, turn_id]
         claim, rest = parse(Claim, await self._run("complete", keys, args))
         if claim is Claim.CLAIMED and rest and text(rest[0]) == "ended":
@@ -327,33 +331,31 @@ class Store:
         now_ms: int,
         pairs: Sequence[tuple[str, str]],
         *,
-        log_bytes: int = 0,
+        budgeted: bool = False,
     ) -> Counted[Replace]:
         """Compare-and-swap whole entry strings; a new '' removes (replace.lua). Without a
         lock (``lockval`` '', an operator's edit) the change may make work due at once, so it
-        is marked due and announced like an accept. ``log_bytes`` > 0 (a client's retry):
-        raises ``WorkspaceLogsFull``, nothing written, while the workspace's logs took that
-        many bytes lately."""
-        args = [k.ses, lockval, now_ms, log_bytes, *(s for pair in pairs for s in pair)]
+        is marked due and announced like an accept. ``budgeted`` (a client's retry): raises
+        ``WorkspaceBytesFull``, nothing written, while the workspace is at its byte budget."""
+        budget = await self.budgets.limit(k.queue) if budgeted else 0
+        args = [k.ses, lockval, now_ms, budget, *(s for pair in pairs for s in pair)]
         if lockval:
             reply = await self._run("replace", k.script_keys(), args)
         else:
             reply, _ = await self._marked_eval(k.ws, now_ms, "replace", k.script_keys(), args)
         outcome, rest = parse(Replace, reply)
-        if outcome is Replace.LOGS_FULL:
-            raise LogsFull.of(rest).refusal(log_bytes)
+        if outcome is Replace.BYTES_FULL:
+            raise BytesFull.of(rest).refusal(budget)
         return Counted(outcome, int(rest[0]) if rest else 0)
 
-    async def edit(
-        self, k: SessionKeys, old: str, new: str, entry_id: str, *, log_bytes: int
-    ) -> Edited:
-        """Swap a pending or error entry's string for its edited one (edit.lua), unless the
-        workspace's logs took ``log_bytes`` lately: then raises ``WorkspaceLogsFull``, nothing
-        written (an edit logs the whole entry again, as an accept does)."""
-        args = [old, new, entry_id, log_bytes]
+    async def edit(self, k: SessionKeys, old: str, new: str, entry_id: str) -> Edited:
+        """Swap a pending or error entry's string for its edited one (edit.lua); past the
+        workspace's byte budget (an edit logs it whole) ``WorkspaceBytesFull``, nothing done."""
+        budget = await self.budgets.limit(k.queue)
+        args = [old, new, entry_id, budget, k.ses]
         word, rest = parse(Edited, await self._run("edit", k.script_keys(), args))
-        if word is Edited.LOGS_FULL:
-            raise LogsFull.of(rest).refusal(log_bytes)
+        if word is Edited.BYTES_FULL:
+            raise BytesFull.of(rest).refusal(budget)
         return word
 
     async def renew(self, k: SessionKeys, lockval: str, lease_ms: int, now_ms: int) -> bool:

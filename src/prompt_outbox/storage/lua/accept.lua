@@ -1,6 +1,6 @@
 --[[
   Accept a prompt: dedupe first, then the memory ceiling, then the caps (the session's, then
-  the workspace's entries, then its logs' bytes), then push, and only THEN the dedupe marker
+  the workspace's entries, then its byte budget), then push, and only THEN the dedupe marker
   (a marker without its entry would turn every client retry into a false duplicate) and the
   payload's fingerprint beside it (a marker without one, as written before fingerprints,
   makes a duplicate whatever the payload). The workspace's count and tally move with the push
@@ -30,9 +30,9 @@
     ARGV[10]   1: the node's memory is at the accept ceiling (storage/memory.py read it):
                refuse; 0: go on
     ARGV[11]   the entry's acceptedAt, ms (the tally's oldest pending, without decoding it)
-    ARGV[12]   workspace log bytes: what the workspace's event logs may take in this window
-               of the log TTL and the one before (KEYS[10], kept by emit) before its accepts
-               stop
+    ARGV[12]   the workspace's byte budget: what its queued entries (KEYS[8]'s BYTES_TOTAL,
+               kept by sized), its event logs and its markers (KEYS[10], kept by emit and
+               marker_spent) may take before its accepts stop (0: no budget)
 
   Output:
     {'ok'[, staged id]}    pushed, marker set; for 'interrupt', the ID of the entry being
@@ -48,9 +48,11 @@
                            queue); nothing written
     {'full', n}            the session holds n >= cap entries; nothing written
     {'workspace_full', n}  the workspace holds n >= ARGV[9] entries; nothing written
-    {'logs_full', n, ms}   the workspace's logs took n >= ARGV[12] bytes in this window and the
-                           one before; ms until a window boundary brings them under it;
-                           nothing written
+    {'bytes_full', used, queued, logs, markers, ms}
+                           the workspace holds `used` bytes (queued entries, event logs and
+                           markers), and this entry would take it past ARGV[12]; ms until the
+                           windows passing bring it under (0: only deliveries can); nothing
+                           written
     Every answer but 'ok' also returns true second: no work became due sooner.
 
   Events: accepted. Series: accepted (lib.lua series, outboxseries:{ws}).
@@ -78,13 +80,18 @@ if n >= cap then return {'full', n}, true end
 -- O(1): the count's total field, kept by index() in every session script (lib.lua).
 local total = tonumber(redis.call('HGET', KEYS[COUNT], COUNT_TOTAL) or '0')
 if total >= tonumber(ARGV[9]) then return {'workspace_full', total}, true end
--- O(1) too: two fields of the log bytes' HASH (lib.lua logs_full).
-local logged, clears_in = logs_full(KEYS, tonumber(ARGV[12]))
-if logged then return {'logs_full', logged, clears_in}, true end
+-- O(1) too: five fields of the counts (lib.lua over_budget).
+local over = over_budget(KEYS, tonumber(ARGV[12]), #entry)
+if over then
+  table.insert(over, 1, 'bytes_full')
+  return over, true
+end
 redis.call('RPUSH', KEYS[Q], entry)
 emit(KEYS, 'accepted', id, entry)
 redis.call('SET', KEYS[11], id, 'PX', ttl)
 redis.call('SET', KEYS[12], ARGV[7], 'PX', ttl)
+marker_spent(KEYS, KEYS[11], id)
+marker_spent(KEYS, KEYS[12], ARGV[7])
 tally().pushed(KEYS, ses, n, tonumber(ARGV[11]))
 series(KEYS, tonumber(ARGV[11]), 1, 1)
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.

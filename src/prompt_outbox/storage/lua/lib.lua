@@ -1,7 +1,7 @@
 --[[
   Shared prelude, prepended to every script by storage/scripts.py (after the constants
-  EVENTS_MAXLEN, EVENTS_TTL_MS, COUNT_TOTAL, COUNT_SEP and STATUSES it defines). Not a
-  transition itself.
+  EVENTS_MAXLEN, EVENTS_TTL_MS, EVENTS_MAX_BYTES, MARKERS_TTL_MS, COUNT_TOTAL, BYTES_TOTAL,
+  COUNT_SEP and STATUSES it defines). Not a transition itself.
 
   Session scripts take the same first ten KEYS (core/keys.py SessionKeys.script_keys), named
   by the constants below: queue, staging, lock, ready, sessions, errors, events, count, oldest,
@@ -178,65 +178,170 @@ local function insert_in_place(queue, raw)
   return redis.call('RPUSH', queue, raw)
 end
 
---[[ The workspace's log bytes (K[LOGBYTES], a HASH): window -> the bytes its sessions' logs
-  took in that window of EVENTS_TTL_MS (window = the server's ms // EVENTS_TTL_MS). A log lives
-  at most EVENTS_TTL_MS from its first event (emit), so every byte the workspace's logs hold
-  was logged in the current window or the one before: their sum bounds what the logs hold, and
-  accept.lua, edit.lua and a client's retry (replace.lua) refuse past
-  Tunables.workspace_log_bytes (logs_full), in O(1).
-  docs/design.md, "What one tenant may store". ]]
+--[[ What the workspace has written that expires on its own (K[LOGBYTES], a HASH), for its
+  byte budget (budget_left below; docs/design.md, "What one tenant may store"):
+    '<w>'        the bytes its sessions' event logs took in window w of EVENTS_TTL_MS (window =
+                 the server's ms // the width). A log lives at most EVENTS_TTL_MS from its first
+                 event (emit), so every byte the logs hold was logged in the current window or
+                 the one before: their sum bounds what the logs hold.
+    'm<w>'       the same for the dedupe markers (with their fingerprints) and the claim
+                 markers, in windows of MARKERS_TTL_MS (the longest either lives).
+    '<log key>'  one session's log as it stands: '<window of its first event>:<bytes>', the
+                 bytes counted into the windows since it began, so that a log that begins again
+                 (past EVENTS_MAX_BYTES) takes them off the windows.
+  Windows need no subtraction for what expires: time does it. ]]
 
--- The server's time (ms) and its window, read once per script call (TIME: a script's own
--- clock, the one the logs' expiry runs on, whatever the caller's).
-local clock_ms, clock_window
-local function log_clock()
+-- The server's time (ms), read once per script call (TIME: a script's own clock, the one the
+-- logs' and markers' expiry runs on, whatever the caller's).
+local clock_ms
+local function server_ms()
   if not clock_ms then
     local t = redis.call('TIME')
     clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    clock_window = math.floor(clock_ms / EVENTS_TTL_MS)
   end
-  return clock_ms, clock_window
+  return clock_ms
 end
 
--- Count n bytes logged now. The window's first event for the workspace also drops the
--- windows no check reads any more (the HASH never holds more than three), and lets the key
--- expire when its newest window stops counting.
-local function log_spent(K, n)
-  local _, w = log_clock()
-  if redis.call('HINCRBY', K[LOGBYTES], string.format('%d', w), n) ~= n then return end
-  local newest = w
-  for _, field in ipairs(redis.call('HKEYS', K[LOGBYTES])) do
-    local fw = tonumber(field)
-    if fw == nil or fw < w - 1 then
+local function window(width)
+  return math.floor(server_ms() / width)
+end
+
+-- Drop what no check reads any more (windows before the previous one, the records of logs
+-- that began before it: they have expired), and let the key expire when the newest thing it
+-- holds stops counting. Run once per window's first bytes: O(the fields), a few per session
+-- that logged in the last two windows.
+local function prune_written(K)
+  local wl, wm = window(EVENTS_TTL_MS), window(MARKERS_TTL_MS)
+  local last = 0
+  local fields = redis.call('HGETALL', K[LOGBYTES])
+  for i = 1, #fields, 2 do
+    local field, value = fields[i], fields[i + 1]
+    local lw, mw = tonumber(field), tonumber(string.match(field, '^m(%d+)$'))
+    local began = tonumber(string.match(value, '^(%d+):'))
+    local ends
+    if lw then
+      if lw >= wl - 1 then ends = (lw + 2) * EVENTS_TTL_MS end
+    elseif mw then
+      if mw >= wm - 1 then ends = (mw + 2) * MARKERS_TTL_MS end
+    elseif began and began >= wl - 1 then
+      ends = (began + 2) * EVENTS_TTL_MS
+    end
+    if ends then
+      last = math.max(last, ends)
+    else
       redis.call('HDEL', K[LOGBYTES], field)
-    elseif fw > newest then
-      newest = fw
     end
   end
-  redis.call('PEXPIREAT', K[LOGBYTES], string.format('%d', (newest + 2) * EVENTS_TTL_MS))
+  if last > 0 then redis.call('PEXPIREAT', K[LOGBYTES], string.format('%d', last)) end
 end
 
--- nil while the workspace's logs took less than `limit` bytes in this window and the one
--- before; else those bytes and the ms until a window boundary brings them under it (the
--- previous window drops out at the next one; one more when this window alone is at it).
-local function logs_full(K, limit)
-  local now, w = log_clock()
-  local got = redis.call('HMGET', K[LOGBYTES], string.format('%d', w), string.format('%d', w - 1))
-  local current = tonumber(got[1]) or 0
-  local used = current + (tonumber(got[2]) or 0)
-  if used < limit then return nil end
-  local edge = (w + 1) * EVENTS_TTL_MS
-  if current >= limit then edge = edge + EVENTS_TTL_MS end
-  return used, edge - now
+-- Count n bytes written now into the windows named by `prefix` ('' logs, 'm' markers) of
+-- `width` ms.
+local function spent(K, prefix, width, n)
+  local w = window(width)
+  if redis.call('HINCRBY', K[LOGBYTES], prefix .. string.format('%d', w), n) == n then
+    prune_written(K)
+  end
+end
+
+-- Take n bytes that a log held off the log windows, the previous one first: whatever window
+-- they were logged in, the sum keeps bounding what the logs hold, and so does the current
+-- window alone once the previous one drops out (it is never lowered by more than what it
+-- counted of them).
+local function unspent(K, n)
+  local w = window(EVENTS_TTL_MS)
+  for _, at in ipairs({w - 1, w}) do
+    local field = string.format('%d', at)
+    local take = math.min(n, tonumber(redis.call('HGET', K[LOGBYTES], field) or '0'))
+    if take > 0 then
+      redis.call('HINCRBY', K[LOGBYTES], field, -take)
+      n = n - take
+    end
+  end
+end
+
+-- A dedupe or claim marker's key and value take this much more than their bytes (the key's
+-- entries in the keyspace and expiry tables, its object and headers).
+local MARKER_KEY_BYTES = 64
+
+-- A marker of `key` holding `value` was written.
+local function marker_spent(K, key, value)
+  spent(K, 'm', MARKERS_TTL_MS, #key + #value + MARKER_KEY_BYTES)
+end
+
+-- The workspace's queued bytes: what its sessions' queues and staging lists take in memory
+-- (MEMORY USAGE, exact, O(a list's nodes)), kept per session in K[COUNT] ('<ses>|bytes') and
+-- in all (BYTES_TOTAL) by sized(), after every script that changes a session's lists.
+local function sized(K, ses)
+  local b = (redis.call('MEMORY', 'USAGE', K[Q], 'SAMPLES', '0') or 0)
+    + (redis.call('MEMORY', 'USAGE', K[D], 'SAMPLES', '0') or 0)
+  local field = ses .. COUNT_SEP .. 'bytes'
+  local before = tonumber(redis.call('HGET', K[COUNT], field) or '0')
+  if b == before then return end
+  if b > 0 then
+    redis.call('HSET', K[COUNT], field, b)
+  else
+    redis.call('HDEL', K[COUNT], field)
+  end
+  if redis.call('HINCRBY', K[COUNT], BYTES_TOTAL, b - before) <= 0 then
+    redis.call('HDEL', K[COUNT], BYTES_TOTAL)
+  end
+end
+
+-- What the workspace holds against its budget: its queued bytes and what its event logs and
+-- markers took in the windows still counted ({w, w - 1} of each), read in O(1): one HMGET and
+-- one HGET. l0, l1, m0, m1: the current and previous windows' bytes of logs and markers.
+local function holding(K)
+  local wl, wm = window(EVENTS_TTL_MS), window(MARKERS_TTL_MS)
+  local got = redis.call('HMGET', K[LOGBYTES], string.format('%d', wl),
+    string.format('%d', wl - 1), string.format('m%d', wm), string.format('m%d', wm - 1))
+  return {
+    queued = tonumber(redis.call('HGET', K[COUNT], BYTES_TOTAL) or '0'),
+    l0 = tonumber(got[1]) or 0, l1 = tonumber(got[2]) or 0,
+    m0 = tonumber(got[3]) or 0, m1 = tonumber(got[4]) or 0,
+    wl = wl, wm = wm,
+  }
+end
+
+-- nil while the workspace may take `incoming` bytes more within `budget` (0: no budget);
+-- else what it holds: {used, queued, logs, markers, ms, d}, ms being how long until the
+-- windows passing alone bring it under (0: they cannot), d 1 when deliveries, taking its
+-- queued bytes, could (0: only time can).
+local function over_budget(K, budget, incoming)
+  if budget <= 0 then return nil end
+  local h = holding(K)
+  local used = h.queued + h.l0 + h.l1 + h.m0 + h.m1
+  if used + incoming <= budget then return nil end
+  -- A previous window stops counting at the next boundary, the current one at the one after.
+  local drops = {
+    {(h.wl + 1) * EVENTS_TTL_MS, h.l1}, {(h.wl + 2) * EVENTS_TTL_MS, h.l0},
+    {(h.wm + 1) * MARKERS_TTL_MS, h.m1}, {(h.wm + 2) * MARKERS_TTL_MS, h.m0},
+  }
+  table.sort(drops, function(a, b) return a[1] < b[1] end)
+  local left, clears = used + incoming, 0
+  for _, d in ipairs(drops) do
+    left = left - d[2]
+    if left <= budget then
+      clears = d[1] - server_ms()
+      break
+    end
+  end
+  local deliveries = used + incoming - h.queued <= budget and 1 or 0
+  return {used, h.queued, h.l0 + h.l1, h.m0 + h.m1, clears, deliveries}
 end
 
 -- Append to the session's event log in the same script as the change it reports, so a
 -- reader never sees a change without its event, or an event without its change. kind is
 -- 'accepted', 'sent', 'dismissed' or the entry's new status; raw is its new JSON ('' if gone).
 -- The log expires EVENTS_TTL_MS after its FIRST event, never pushed back by later ones, so
--- what it holds was logged within that long (the log bytes' bound rests on it). The first
+-- what it holds was logged within that long (the windows' bound rests on it). The first
 -- event of a log carries began=1: a follower whose position lies in an earlier log (expired
 -- since) may have missed its last events, and ends (storage/feed.py).
+-- A log that would pass EVENTS_MAX_BYTES begins again the same way (what it keeps of
+-- delivered prompts is bounded in bytes, not only in time): its events are trimmed (the key,
+-- and so the order of its IDs, stays), its bytes come off the windows, and the new event
+-- carries began=1 and after=<the last ID trimmed>: a reader that stood there goes on, one
+-- behind it gets a reset, never a silent gap.
 -- Then announce the new event's ID on the shard channel named like the log's key (it hashes
 -- to the same {ws} slot, so a cluster allows it here): the processes following the session
 -- (storage/feed.py) read it then, instead of each holding a connection blocked in XREAD.
@@ -244,21 +349,43 @@ end
 -- An event costs what it carries: its ID, its field names ('kind', 'id', 'entry': 11 bytes)
 -- and values. A log's first event costs the new log whole (MEMORY USAGE: Valkey gives a new
 -- stream its first node at stream-node-max-bytes, 4 KiB by default, whatever the event), so
--- a log per session with one small event each is counted at what it holds, not a tenth.
+-- a log per session with one small event each is counted at what it holds, not a tenth (and
+-- at least what it carries).
 local EVENT_FIELD_BYTES = 11
 local function emit(K, kind, id, raw)
-  local event_id, size
-  if redis.call('EXISTS', K[EVENTS]) == 0 then
+  local record = redis.call('HGET', K[LOGBYTES], K[EVENTS])
+  local began, held = string.match(record or '', '^(%d+):(%d+)$')
+  began, held = tonumber(began), tonumber(held) or 0
+  local size = EVENT_FIELD_BYTES + #kind + #id + #raw
+  local fresh = redis.call('EXISTS', K[EVENTS]) == 0
+  local after = nil
+  if not fresh and held > 0 and held + size > EVENTS_MAX_BYTES then
+    local last = redis.call('XREVRANGE', K[EVENTS], '+', '-', 'COUNT', 1)[1]
+    after = last and last[1]
+    redis.call('XTRIM', K[EVENTS], 'MAXLEN', 0)
+    unspent(K, held)
+    fresh = true
+  end
+  local event_id
+  if fresh then
+    -- A log's first event: after the log it begins again after (if any), for its readers.
+    local tail = {'began', '1'}
+    if after then tail = {'began', '1', 'after', after} end
     event_id = redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*',
-      'kind', kind, 'id', id, 'entry', raw, 'began', '1')
+      'kind', kind, 'id', id, 'entry', raw, unpack(tail))
     redis.call('PEXPIRE', K[EVENTS], EVENTS_TTL_MS)
-    size = redis.call('MEMORY', 'USAGE', K[EVENTS])
+    for _, v in ipairs(tail) do size = size + #v end
+    size = math.max(size + #event_id, redis.call('MEMORY', 'USAGE', K[EVENTS]))
+    began, held = window(EVENTS_TTL_MS), 0
   else
     event_id = redis.call('XADD', K[EVENTS], 'MAXLEN', EVENTS_MAXLEN, '*',
       'kind', kind, 'id', id, 'entry', raw)
-    size = #event_id + EVENT_FIELD_BYTES + #kind + #id + #raw
+    size = size + #event_id
+    -- A log from before these records: counted from now, as begun now.
+    began = began or window(EVENTS_TTL_MS)
   end
-  log_spent(K, size)
+  redis.call('HSET', K[LOGBYTES], K[EVENTS], string.format('%d:%d', began, held + size))
+  spent(K, '', EVENTS_TTL_MS, size)
   redis.call('SPUBLISH', K[EVENTS], event_id)
 end
 
@@ -611,11 +738,13 @@ end
 -- Recompute the workspace indexes for one session from its lists: the only place they are
 -- derived, called at the end of every script that changes a session. Reads the whole queue
 -- (the errors index needs every entry) and staging (0 or 1 entry but after a failure): for
--- scripts that may add or remove an error entry. The tally is derived from the same read.
+-- scripts that may add or remove an error entry. The tally is derived from the same read,
+-- and the session's bytes measured (sized).
 local function refresh(K, ses, now)
   local T = tally()
   local t, due, has_error = T.derive(K)
   T.store(K, ses, t)
+  sized(K, ses)
   if has_error then
     redis.call('SADD', K[ERRORS], ses)
   else
@@ -641,6 +770,7 @@ end
 local function index_pushed(K, ses, n, due)
   if n == 0 then redis.call('SADD', K[SESSIONS], ses) end
   count(K, ses, n + 1)
+  sized(K, ses)
   return redis.call('ZADD', K[READY], 'NX', due, ses) == 1
 end
 

@@ -5,7 +5,7 @@
   make a pair miss (not counted), never hit a neighbour. Refused while another holder owns the
   session: contention is reported as busy, never as absence. A caller that passes a lock value
   must hold that lock (fence): a worker whose lease lapsed gets 'lost'. A client's retry
-  (ARGV[4]) is refused, as an accept is, while the workspace's logs are at their bound: it
+  (ARGV[4]) is refused, as an accept is, while the workspace is at its byte budget: it
   re-arms entries for more moves, each logging the whole entry.
 
   Input:
@@ -13,15 +13,16 @@
     ARGV[1]    session ID
     ARGV[2]    lock value ('' for an operator that holds no lock)
     ARGV[3]    now, ms
-    ARGV[4]    workspace log bytes (as accept.lua's ARGV[12]), or 0: no such bound (every
-               move but a client's retry)
+    ARGV[4]    the workspace's byte budget (as accept.lua's ARGV[12]), or 0: no such bound
+               (every move but a client's retry)
     ARGV[5..]  old_1, new_1, old_2, new_2, ... (new '' removes old)
 
   Output:
     {'ok', n}  n pairs applied (a pair whose old string is gone is skipped)
     {'busy'}   another holder owns the session; nothing written
     {'lost'}   a lock value was given and nobody holds the lock; nothing written
-    {'logs_full', n, ms}  ARGV[4] > 0, as accept.lua's; nothing written
+    {'bytes_full', used, queued, logs, markers, ms}  ARGV[4] > 0, as accept.lua's; nothing
+               written
 
   Events: the new status per swapped entry; dismissed per removed one. Series: failed, per
   entry moved into error (lib.lua series); else the oldest pending, if this moved it (a retry,
@@ -36,8 +37,14 @@ else
 end
 local bound = tonumber(ARGV[4])
 if bound > 0 then
-  local logged, clears_in = logs_full(KEYS, bound)
-  if logged then return {'logs_full', logged, clears_in} end
+  -- Each swapped entry is logged whole now, and again at each of its later moves.
+  local incoming = 0
+  for i = 6, #ARGV, 2 do incoming = incoming + #ARGV[i] end
+  local over = over_budget(KEYS, bound, incoming)
+  if over then
+    table.insert(over, 1, 'bytes_full')
+    return over
+  end
 end
 local done, failed = 0, 0
 for i = 5, #ARGV, 2 do
