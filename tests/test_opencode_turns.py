@@ -77,7 +77,7 @@ def completed(info: dict[str, object] | None) -> bool:
 
 @contextlib.asynccontextmanager
 async def watching(url: str, **options: float) -> AsyncIterator[tuple[OpencodeDeliverer, Ends]]:
-    deliverer = OpencodeDeliverer(template_targets(url), **options)  # type: ignore[arg-type]
+    deliverer = OpencodeDeliverer(template_targets(url, allow_shared_sessions=True), **options)  # type: ignore[arg-type]
     ends = Ends()
     deliverer.watch_turns(ends)
     try:
@@ -116,7 +116,9 @@ async def test_a_send_hands_back_a_turn_and_its_end_is_reported_once(
 
 async def test_turn_state_without_a_stream_asks_the_status(opencode: OpencodeServer) -> None:
     ses = opencode.new_session()
-    deliverer = OpencodeDeliverer(template_targets(opencode.url))  # watch_turns never called
+    deliverer = OpencodeDeliverer(
+        template_targets(opencode.url, allow_shared_sessions=True)
+    )  # watch_turns never called
     try:
         turn = await deliverer(WS, ses, entry(f"[sleep 3] {uuid.uuid4()}"))
         assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.RUNNING
@@ -193,7 +195,9 @@ async def test_through_the_run_loop_the_next_prompt_waits_for_the_turn(
     each prompt runs once. The old deliverer's send timed out, was verified delivered, and B
     went into A's running turn."""
     outbox = Outbox(client, dataclasses.replace(FAST, delivery_timeout=1.0))
-    deliverer = OpencodeDeliverer(template_targets(opencode.url), timeout=1.0)
+    deliverer = OpencodeDeliverer(
+        template_targets(opencode.url, allow_shared_sessions=True), timeout=1.0
+    )
     outbox.set_verifier(deliverer.verify)
     ses = opencode.new_session()
     a, b = f"[sleep 4] A {uuid.uuid4()}", f"B {uuid.uuid4()}"
@@ -223,7 +227,8 @@ async def test_serve_holds_the_next_prompt_for_a_turn_longer_than_its_timeout(
     a, b = f"[sleep 6] A {uuid.uuid4()}", f"B {uuid.uuid4()}"
     args = ["--no-auth", "--port", str(port), "--data-dir", str(tmp_path)]
     base = f"http://127.0.0.1:{port}/v1/workspaces/{WS}/sessions/{ses}"
-    with service([*args, "--opencode-url", opencode.url, "--opencode-timeout", "2"]):
+    one_tenant = {"PROMPT_OUTBOX_OPENCODE_ALLOW_SHARED_SESSIONS": "1"}  # the flag's variable
+    with service([*args, "--opencode-url", opencode.url, "--opencode-timeout", "2"], one_tenant):
         wait_healthy(port)
         async with httpx.AsyncClient(base_url=base) as http:
             ids = []
@@ -464,7 +469,7 @@ async def test_an_idle_for_a_turn_never_seen_busy_is_checked_by_a_status_read(
 async def test_checks_of_many_turns_share_one_status_read(stand_in: StandIn) -> None:
     """A worker asks about every turn it holds each check interval; with no live stream
     (here: no turn watched), 200 turns of one server asked at once cost one status read."""
-    deliverer = OpencodeDeliverer(template_targets(stand_in.url))
+    deliverer = OpencodeDeliverer(template_targets(stand_in.url, allow_shared_sessions=True))
     try:
         stand_in.status = {f"ses_{i}": {"type": "busy"} for i in range(0, 200, 2)}
         states = await asyncio.gather(
@@ -559,7 +564,7 @@ async def test_each_server_has_its_own_pool(stand_in: StandIn) -> None:
     stand_in.on_prompt = held
     urls = {"a": stand_in.url, "b": other.url}
     deliverer = OpencodeDeliverer(
-        lambda ws, ses: template_targets(urls[ws])(ws, ses),
+        lambda ws, ses: template_targets(urls[ws], allow_shared_sessions=True)(ws, ses),
         max_connections_per_server=2,  # + 1 for the stream, unused here: 3 at once
         connect_timeout=0.5,
     )
@@ -656,9 +661,16 @@ async def test_ten_thousand_watched_turns_cost_under_a_kib_each() -> None:
 
 
 def test_a_deliverer_is_a_turn_watcher_with_the_documented_defaults() -> None:
-    deliverer = OpencodeDeliverer(template_targets("http://127.0.0.1:1"))
+    deliverer = OpencodeDeliverer(
+        template_targets("http://127.0.0.1:1", allow_shared_sessions=True)
+    )
     assert isinstance(deliverer, TurnWatcher)
     with pytest.raises(ValueError, match="max_connections_per_server"):
-        OpencodeDeliverer(template_targets("http://127.0.0.1:1"), max_connections_per_server=0)
+        OpencodeDeliverer(
+            template_targets("http://127.0.0.1:1", allow_shared_sessions=True),
+            max_connections_per_server=0,
+        )
     with pytest.raises(ValueError, match="event_max_bytes"):
-        OpencodeDeliverer(template_targets("http://127.0.0.1:1"), event_max_bytes=0)
+        OpencodeDeliverer(
+            template_targets("http://127.0.0.1:1", allow_shared_sessions=True), event_max_bytes=0
+        )

@@ -22,7 +22,9 @@ failing that, it matches the text of a user message created after ``lastAttemptA
 
 Every path segment built from an ID is percent-encoded (``session_path``), and an opencode
 session ID that cannot be one segment (empty, only dots, or holding ``/``, ``?``, ``#``) is
-refused: a client normalises ``/session/../message`` to ``/message``, another route.
+refused: a client normalises ``/session/../message`` to ``/message``, another route. The
+mappings, and the refusal of one that lets two workspaces meet in one opencode session, are
+in ``opencode_targets``.
 
 Every request reads a bounded part of opencode's answer, within ``timeout`` in total
 (``answer.bounded_request``): the send's answer up to ``SEND_ANSWER_BYTES`` (an error's
@@ -37,11 +39,8 @@ import hashlib
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -51,7 +50,33 @@ from ..core.errors import ambiguous, transient
 from ..core.timeutil import to_ms
 from .answer import Answer, KiB, MiB, bounded_request
 from .opencode_events import TurnStreams
+from .opencode_targets import (
+    InvalidTarget,
+    OpencodeTarget,
+    SharedTarget,
+    TargetResolver,
+    load_targets,
+    server_of,
+    session_path,
+    static_targets,
+    template_targets,
+)
 from .sse_events import EVENT_MAX_BYTES
+
+__all__ = [  # the mappings' names stay importable from here, where they were
+    "InvalidTarget",
+    "OpencodeDeliverer",
+    "OpencodeTarget",
+    "SharedTarget",
+    "TargetResolver",
+    "load_targets",
+    "message_id",
+    "model_selector",
+    "part_id",
+    "session_path",
+    "static_targets",
+    "template_targets",
+]
 
 log = logging.getLogger("prompt_outbox.opencode")
 
@@ -62,91 +87,6 @@ _CLOCK_SKEW_MS = 2_000  # the text fallback's grace before lastAttemptAt
 SEND_ANSWER_BYTES = 64 * KiB  # 204 holds nothing; an error's body is read for its detail
 ABORT_ANSWER_BYTES = 4 * KiB  # true/false
 TRANSCRIPT_MAX_BYTES = 64 * MiB  # the default bound of one transcript page
-
-
-@dataclass(frozen=True, slots=True)
-class OpencodeTarget:
-    """Where one of our sessions lives: an opencode server and its session ID there."""
-
-    base_url: str
-    session_id: str
-
-
-TargetResolver = Callable[[str, str], Awaitable[OpencodeTarget] | OpencodeTarget]
-"""``(workspace, session) -> OpencodeTarget`` (sync or async); raising means "no target"."""
-
-
-class InvalidTarget(ValueError):
-    """An opencode session ID that cannot be one URL path segment."""
-
-
-def session_path(session_id: str) -> str:
-    """``session_id`` as one percent-encoded path segment, or InvalidTarget: it must not be
-    empty, only dots (a client removes ``.`` and ``..`` segments), or hold ``/``, ``?`` or
-    ``#`` (which percent-encoding would hide, but which no opencode session ID holds: such an
-    ID is a misconfigured template or map)."""
-    if not session_id.strip(".") or any(c in session_id for c in "/?#"):
-        raise InvalidTarget(
-            f"opencode session ID {session_id!r} is not one path segment (empty, only dots, "
-            "or holding '/', '?' or '#')"
-        )
-    return quote(session_id, safe="")
-
-
-def template_targets(base_url: str, session_template: str = "{session}") -> TargetResolver:
-    """One URL template and one session-ID template, filled with ``{workspace}``/``{session}``
-    (percent-encoded in the URL). The default maps our session ID to the opencode session of
-    the same ID on one server. A session template that cannot yield one path segment
-    (``a/{session}``) is an InvalidTarget here."""
-    session_path(session_template.format(workspace="w", session="s"))
-
-    def resolve(ws: str, ses: str) -> OpencodeTarget:
-        target = OpencodeTarget(
-            base_url.format(workspace=quote(ws, safe=""), session=quote(ses, safe="")),
-            session_template.format(workspace=ws, session=ses),
-        )
-        session_path(target.session_id)
-        return target
-
-    return resolve
-
-
-def static_targets(mapping: Mapping[tuple[str, str], OpencodeTarget]) -> TargetResolver:
-    """A fixed map of ``(workspace, session) -> target``; an unmapped session is an error, a
-    target whose session ID cannot be a path segment an InvalidTarget here."""
-    table = dict(mapping)
-    for (ws, ses), target in table.items():
-        try:
-            session_path(target.session_id)
-        except InvalidTarget as exc:
-            raise InvalidTarget(f"the target of {ws}/{ses}: {exc}") from None
-
-    def resolve(ws: str, ses: str) -> OpencodeTarget:
-        try:
-            return table[(ws, ses)]
-        except KeyError:
-            raise LookupError(f"no opencode target configured for {ws}/{ses}") from None
-
-    return resolve
-
-
-def load_targets(path: str) -> TargetResolver:
-    """Read a static map from JSON: ``{"<ws>/<ses>": {"url": ..., "session": ...}, ...}``."""
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
-        raise ValueError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected an object of '<ws>/<ses>' -> {{url, session}}")
-    table: dict[tuple[str, str], OpencodeTarget] = {}
-    for key, value in raw.items():
-        ws, sep, ses = str(key).partition("/")
-        if not sep or not isinstance(value, dict) or not {"url", "session"} <= value.keys():
-            raise ValueError(f"{path}: bad entry {key!r}: want '<ws>/<ses>': {{url, session}}")
-        table[(ws, ses)] = OpencodeTarget(str(value["url"]), str(value["session"]))
-    return static_targets(table)
 
 
 def _suffix(entry_id: str) -> str:
@@ -202,7 +142,8 @@ class OpencodeDeliverer:
     ``TurnWatcher`` (``watch_turns``, ``turn_state``), its ``Aborter`` (``abort``) and its
     Verifier (``.verify``).
 
-    ``targets`` maps our (workspace, session) to an opencode server and session ID.
+    ``targets`` maps our (workspace, session) to an opencode server and session ID
+    (``template_targets``, ``static_targets``, ``load_targets`` or a callable of your own).
     ``timeout`` bounds each request in total (a send answers in ~0.1 s; past it the send is
     ambiguous and the verifier settles it). ``max_connections_per_server`` sizes each
     server's connection pool (sends, status and transcript reads; its event stream has one
@@ -270,14 +211,19 @@ class OpencodeDeliverer:
         return client
 
     async def _target(self, ws: str, ses: str) -> OpencodeTarget:
+        """The session's target, its ID one path segment and its URL a server's (else
+        InvalidTarget: definitive); a resolver that fails otherwise is transient."""
         try:
             found = self._targets(ws, ses)
-            return await found if inspect.isawaitable(found) else found
+            target = await found if inspect.isawaitable(found) else found
         except InvalidTarget:
             raise  # a misconfiguration, not a passing failure: definitive
         except Exception as exc:
             # The contract's own example of a transient failure: the endpoint could not be resolved.
             raise transient(exc) from exc
+        session_path(target.session_id)
+        server_of(self._base(target))
+        return target
 
     @staticmethod
     def _base(target: OpencodeTarget) -> str:
@@ -344,7 +290,6 @@ class OpencodeDeliverer:
         on (while ``watch_turns`` has a callback)."""
         try:
             target = await self._target(ws, ses)
-            session_path(target.session_id)
         except Exception as exc:
             log.info("no opencode target to ask about a turn: %s", exc, extra={"turn": turn_id})
             return TurnState.UNKNOWN
