@@ -11,6 +11,7 @@ import click
 
 from ..core.callbacks import Deliverer, Verifier
 from ..deliver import OpencodeDeliverer, WebhookDeliverer, load_targets, template_targets
+from ..deliver.opencode import MAX_SERVERS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -85,7 +86,17 @@ def delivery_options(command: F) -> F:
             envvar="PROMPT_OUTBOX_OPENCODE_CONNECTIONS",
             show_default=True,
             type=click.IntRange(min=1),
-            help="connections per opencode server (+1 for its event stream)",
+            help="connections per opencode origin (scheme, host, port), shared by the "
+            "servers there; each event stream has one more",
+        ),
+        click.option(
+            "--opencode-max-servers",
+            default=MAX_SERVERS,
+            envvar="PROMPT_OUTBOX_OPENCODE_MAX_SERVERS",
+            show_default=True,
+            type=click.IntRange(min=1),
+            help="opencode servers (distinct base URLs) kept at once; a send to one more "
+            "waits (transient) while all are in use",
         ),
     ]
     for option in reversed(options):
@@ -102,6 +113,7 @@ def build_delivery(
     opencode_targets: str | None,
     opencode_timeout: float,
     opencode_connections: int = 32,
+    opencode_max_servers: int = MAX_SERVERS,
     opencode_allow_shared_sessions: bool = False,
 ) -> Delivery | None:
     """The configured deliverer, or None when none is (usage errors say what is missing, and
@@ -136,6 +148,7 @@ def build_delivery(
             timeout=opencode_timeout,
             auth=(user, password) if password else None,
             max_connections_per_server=opencode_connections,
+            max_servers=opencode_max_servers,
         )
         return Delivery(agent, agent.verify, agent.aclose)
     return None
