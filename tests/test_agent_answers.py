@@ -200,7 +200,7 @@ def opencode(
 ) -> OpencodeDeliverer:
     """As ``hook``, for opencode: every session ID maps to the same ID on the stand-in."""
     deliverer = OpencodeDeliverer(
-        template_targets(agent.url),
+        template_targets(agent.url, allow_shared_sessions=True),
         timeout=timeout,
         transcript_max_bytes=max_bytes,
         client=counted[0],
@@ -297,7 +297,10 @@ async def test_a_trickled_transcript_is_inconclusive_at_the_timeout(
 
 def test_the_transcript_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="transcript_max_bytes"):
-        OpencodeDeliverer(template_targets("http://127.0.0.1:1"), transcript_max_bytes=0)
+        OpencodeDeliverer(
+            template_targets("http://127.0.0.1:1", allow_shared_sessions=True),
+            transcript_max_bytes=0,
+        )
 
 
 # -- the helper ------------------------------------------------------------------------------

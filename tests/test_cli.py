@@ -184,3 +184,36 @@ def test_deliverer_options_are_checked(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=60, env=env,
         )  # fmt: skip
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+
+
+def test_an_opencode_mapping_that_lets_workspaces_meet_is_refused_unless_allowed(
+    tmp_path: Path,
+) -> None:
+    """``--opencode-url`` without ``{workspace}`` (the old default, which sent acme/ses_x and
+    acme2/ses_x to one opencode session) and a targets file giving two workspaces one
+    target are refused at start, in one line saying how to fix it; the flag, or its
+    variable, allows it (one tenant): the worker then goes on to Valkey (unreachable here)."""
+    shared = tmp_path / "targets.json"
+    target = {"url": "http://127.0.0.1:2", "session": "ses_x"}
+    shared.write_text(json.dumps({"acme/s1": target, "acme2/s1": target}))
+    unreachable = ["worker", "--valkey-url", "valkey://127.0.0.1:1"]
+    allow = {"PROMPT_OUTBOX_OPENCODE_ALLOW_SHARED_SESSIONS": "1"}
+    for args, env, code, message in [
+        (["--opencode-url", "http://127.0.0.1:2"], {}, 2, "put {workspace} in the URL"),
+        (["--opencode-targets", str(shared)], {}, 2, "acme/s1 and acme2/s1 both name"),
+        (["--opencode-url", "http://127.0.0.1:2/{workspace}"], {}, 1, "Valkey unusable"),
+        (
+            ["--opencode-url", "http://127.0.0.1:2", "--opencode-allow-shared-sessions"],
+            {},
+            1,
+            "Valkey unusable",
+        ),
+        (["--opencode-targets", str(shared)], allow, 1, "Valkey unusable"),
+    ]:
+        r = subprocess.run(
+            [BIN, *unreachable, *args], capture_output=True, text=True, timeout=60,
+            env={**os.environ, **env},
+        )  # fmt: skip
+        assert r.returncode == code and message in r.stderr, (args, r.stderr)
+        if code == 2:
+            assert "--opencode-allow-shared-sessions" in r.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ from prompt_outbox.core.errors import InvalidId
 from prompt_outbox.deliver import OpencodeDeliverer, OpencodeTarget, template_targets
 from prompt_outbox.deliver.opencode import (
     InvalidTarget,
+    SharedTarget,
     load_targets,
     message_id,
     model_selector,
@@ -44,7 +46,9 @@ def wired(
     client: valkey_async.Valkey, url: str, seen: list[Entry], timeout: float = 60.0
 ) -> tuple[Outbox, OpencodeDeliverer]:
     outbox = Outbox(client, TUNABLES)
-    deliverer = OpencodeDeliverer(template_targets(url), timeout=timeout)
+    deliverer = OpencodeDeliverer(
+        template_targets(url, allow_shared_sessions=True), timeout=timeout
+    )
     outbox.set_verifier(deliverer.verify)
 
     async def on_delivered(ws: str, ses: str, entry: Entry) -> None:
@@ -211,8 +215,10 @@ async def test_verifier_absent_when_never_sent_and_inconclusive_when_down(
         status=Status.VERIFYING,
         last_attempt_at=datetime.now(UTC),
     )
-    up = OpencodeDeliverer(template_targets(opencode.url))
-    down = OpencodeDeliverer(template_targets(f"http://127.0.0.1:{free_port()}"))
+    up = OpencodeDeliverer(template_targets(opencode.url, allow_shared_sessions=True))
+    down = OpencodeDeliverer(
+        template_targets(f"http://127.0.0.1:{free_port()}", allow_shared_sessions=True)
+    )
     unmapped = OpencodeDeliverer(static_targets({}))
     assert await up.verify(WS, ses, entry) is Verdict.ABSENT
     assert await down.verify(WS, ses, entry) is Verdict.INCONCLUSIVE
@@ -273,7 +279,7 @@ def test_serve_delivers_to_opencode_through_the_api(
     args = ["--no-auth", "--port", str(port), "--data-dir", str(tmp_path)]
     text = f"through the service {uuid.uuid4()}"
     url = f"http://127.0.0.1:{port}/v1/workspaces/{WS}/sessions/{ses}/prompts"
-    with service([*args, "--opencode-url", opencode.url]):
+    with service([*args, "--opencode-url", opencode.url, "--opencode-allow-shared-sessions"]):
         wait_healthy(port)
         r = httpx.post(
             url, json={"clientMessageID": "m1", "text": text, "model": "fake/fake-model"}
@@ -363,6 +369,112 @@ def test_a_target_that_is_not_one_path_segment_is_refused_up_front(bad: str) -> 
         static_targets({(WS, "s1"): OpencodeTarget("http://127.0.0.1:1", bad)})
     with pytest.raises(InvalidTarget):  # a session template that yields it
         template_targets("http://127.0.0.1:1", bad + "{session}" if "/" in bad else bad)
+
+
+# -- workspaces apart: a mapping that lets two meet in one opencode session is refused ---------
+
+
+@pytest.mark.parametrize(
+    ("url", "session"),
+    [
+        ("http://127.0.0.1:4096", "{session}"),  # the old default: acme/ses_x = acme2/ses_x
+        ("http://127.0.0.1:4096/{session}", "{session}"),  # a path per session, not tenant
+        ("http://127.0.0.1:4096", "{workspace}-{session}"),  # a-b/c and a/b-c: one ID
+        ("http://127.0.0.1:4096/{workspace}{session}", "main"),  # a/bc and ab/c: one path
+    ],
+)
+def test_a_template_that_lets_two_workspaces_meet_is_refused(url: str, session: str) -> None:
+    """The finding: by default acme/ses_x and acme2/ses_x went to one opencode session, so
+    a tenant that learned another's session ID wrote into that agent conversation. Such a
+    mapping is refused when it is built, saying how to keep workspaces apart, unless
+    allowed (one tenant). The old code took every one of these."""
+    with pytest.raises(
+        SharedTarget, match=r"two workspaces reach one opencode session.*\{workspace\}"
+    ):
+        template_targets(url, session)
+    resolve = template_targets(url, session, allow_shared_sessions=True)
+    assert resolve("acme", "ses_x") is not None
+
+
+@pytest.mark.parametrize(
+    ("url", "session"),
+    [
+        ("http://127.0.0.1:4096/{workspace}", "{session}"),  # a proxy path per workspace
+        ("http://{workspace}.agents.internal:4096", "{session}"),  # a server per workspace
+        ("http://127.0.0.1:4096/{workspace}-{session}", "{session}"),  # the ID pins session
+        ("http://127.0.0.1:4096/{workspace}/{session}", "main"),
+        ("http://127.0.0.1:4096", "{workspace}:{session}"),
+    ],
+)
+def test_a_template_that_keeps_workspaces_apart_is_taken(url: str, session: str) -> None:
+    resolve = template_targets(url, session)
+    a, b = resolve("acme", "ses_x"), resolve("acme2", "ses_x")
+    assert a != b
+
+
+@pytest.mark.parametrize(
+    ("url", "session", "why"),
+    [
+        ("http://h/{workspace!r}", "{session}", "plain"),
+        ("http://h/{workspace:.0}", "{session}", "plain"),  # fills in nothing
+        ("http://h/{workspace[0]}", "{session}", "plain"),  # a and ab: one letter
+        ("http://h/{tenant}", "{session}", "plain"),
+        ("http://h/{workspace", "{session}", "expected"),
+        ("http://h/{workspace}/..", "{session}", "dot segment"),  # removes the workspace
+        ("http://h/?ws={workspace}", "{session}", "query"),
+        ("http://{workspace}@h", "{session}", "user"),
+        ("ftp://h/{workspace}", "{session}", "http"),
+        ("http://h/{workspace}", "{session!s}", "plain"),
+    ],
+)
+def test_a_template_of_other_fields_or_no_server_url_is_refused(
+    url: str, session: str, why: str
+) -> None:
+    with pytest.raises(InvalidTarget, match=why):
+        template_targets(url, session)
+
+
+async def test_two_workspaces_with_one_session_id_reach_two_servers() -> None:
+    """The finding's case through the deliverer: acme/ses_x and acme2/ses_x, with the
+    workspace in the URL, go to two paths (two servers behind a proxy)."""
+    with recording_agent() as (url, seen):
+        deliverer = OpencodeDeliverer(template_targets(url + "/{workspace}"))
+        try:
+            await deliverer("acme", "ses_x", _entry())
+            await deliverer("acme2", "ses_x", _entry())
+        finally:
+            await deliverer.aclose()
+    assert seen == [
+        ("POST", "/acme/session/ses_x/prompt_async"),
+        ("POST", "/acme2/session/ses_x/prompt_async"),
+    ]
+
+
+def test_a_static_map_giving_two_workspaces_one_target_is_refused(tmp_path: Path) -> None:
+    """One (server, session) for two workspaces' keys is refused naming both, however the
+    server's URL is spelled; within one workspace two keys may share a target."""
+    url = "http://127.0.0.1:4096"
+    shared = {
+        ("acme", "s1"): OpencodeTarget(url, "ses_x"),
+        ("acme", "s2"): OpencodeTarget(url + "/", "ses_x"),  # one tenant's: allowed
+        ("acme2", "s1"): OpencodeTarget("HTTP://127.0.0.1:4096/", "ses_x"),
+    }
+    with pytest.raises(SharedTarget, match="acme/s1 and acme2/s1 both name opencode session"):
+        static_targets(shared)
+    assert static_targets(shared, allow_shared_sessions=True)("acme2", "s1").session_id == "ses_x"
+    static_targets({k: v for k, v in shared.items() if k[0] == "acme"})
+    path = tmp_path / "targets.json"
+    path.write_text(
+        json.dumps(
+            {
+                f"{ws}/{ses}": {"url": t.base_url, "session": t.session_id}
+                for (ws, ses), t in shared.items()
+            }
+        )
+    )
+    with pytest.raises(SharedTarget, match=f"{path}: acme/s1 and acme2/s1"):
+        load_targets(str(path))
+    assert load_targets(str(path), allow_shared_sessions=True)("acme", "s2").session_id == "ses_x"
 
 
 def test_a_targets_file_with_a_dots_session_is_refused_with_its_key(tmp_path: Path) -> None:

@@ -13,9 +13,11 @@ import contextlib
 import dataclasses
 import gc
 import json
+import os
 import tracemalloc
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,10 +29,18 @@ import valkey.asyncio as valkey_async
 from prompt_outbox import Entry, Outbox
 from prompt_outbox.core.callbacks import Turn, TurnEnd, TurnState, TurnWatcher
 from prompt_outbox.core.errors import TransientDeliveryError
-from prompt_outbox.deliver import OpencodeDeliverer, opencode_events, template_targets
+from prompt_outbox.deliver import (
+    OpencodeDeliverer,
+    OpencodeTarget,
+    TargetResolver,
+    opencode_events,
+    static_targets,
+    template_targets,
+)
 from prompt_outbox.deliver.answer import MiB
 from prompt_outbox.deliver.opencode import message_id
 from prompt_outbox.deliver.opencode_events import TurnStreams
+from prompt_outbox.deliver.opencode_servers import Servers
 from prompt_outbox.deliver.sse_events import SSEParser, session_change
 from prompt_outbox.embedded import free_port
 from tests.fake_model import FakeModel
@@ -75,9 +85,16 @@ def completed(info: dict[str, object] | None) -> bool:
     return info is not None and "completed" in info["time"]  # type: ignore[operator]
 
 
+def watching(url: str, **options: float) -> AsyncContextManager[tuple[OpencodeDeliverer, Ends]]:
+    """A deliverer of one tenant on ``url`` (one workspace: ``allow_shared_sessions``)."""
+    return watching_with(template_targets(url, allow_shared_sessions=True), **options)
+
+
 @contextlib.asynccontextmanager
-async def watching(url: str, **options: float) -> AsyncIterator[tuple[OpencodeDeliverer, Ends]]:
-    deliverer = OpencodeDeliverer(template_targets(url), **options)  # type: ignore[arg-type]
+async def watching_with(
+    targets: TargetResolver, **options: float
+) -> AsyncIterator[tuple[OpencodeDeliverer, Ends]]:
+    deliverer = OpencodeDeliverer(targets, **options)  # type: ignore[arg-type]
     ends = Ends()
     deliverer.watch_turns(ends)
     try:
@@ -116,7 +133,9 @@ async def test_a_send_hands_back_a_turn_and_its_end_is_reported_once(
 
 async def test_turn_state_without_a_stream_asks_the_status(opencode: OpencodeServer) -> None:
     ses = opencode.new_session()
-    deliverer = OpencodeDeliverer(template_targets(opencode.url))  # watch_turns never called
+    deliverer = OpencodeDeliverer(
+        template_targets(opencode.url, allow_shared_sessions=True)
+    )  # watch_turns never called
     try:
         turn = await deliverer(WS, ses, entry(f"[sleep 3] {uuid.uuid4()}"))
         assert await deliverer.turn_state(WS, ses, turn.id) is TurnState.RUNNING
@@ -193,7 +212,9 @@ async def test_through_the_run_loop_the_next_prompt_waits_for_the_turn(
     each prompt runs once. The old deliverer's send timed out, was verified delivered, and B
     went into A's running turn."""
     outbox = Outbox(client, dataclasses.replace(FAST, delivery_timeout=1.0))
-    deliverer = OpencodeDeliverer(template_targets(opencode.url), timeout=1.0)
+    deliverer = OpencodeDeliverer(
+        template_targets(opencode.url, allow_shared_sessions=True), timeout=1.0
+    )
     outbox.set_verifier(deliverer.verify)
     ses = opencode.new_session()
     a, b = f"[sleep 4] A {uuid.uuid4()}", f"B {uuid.uuid4()}"
@@ -223,7 +244,8 @@ async def test_serve_holds_the_next_prompt_for_a_turn_longer_than_its_timeout(
     a, b = f"[sleep 6] A {uuid.uuid4()}", f"B {uuid.uuid4()}"
     args = ["--no-auth", "--port", str(port), "--data-dir", str(tmp_path)]
     base = f"http://127.0.0.1:{port}/v1/workspaces/{WS}/sessions/{ses}"
-    with service([*args, "--opencode-url", opencode.url, "--opencode-timeout", "2"]):
+    one_tenant = {"PROMPT_OUTBOX_OPENCODE_ALLOW_SHARED_SESSIONS": "1"}  # the flag's variable
+    with service([*args, "--opencode-url", opencode.url, "--opencode-timeout", "2"], one_tenant):
         wait_healthy(port)
         async with httpx.AsyncClient(base_url=base) as http:
             ids = []
@@ -278,13 +300,15 @@ Handler = Callable[[], Awaitable[tuple[int, bytes]]]
 class StandIn:
     """A loopback HTTP server in the test's loop: ``GET /event`` opens a stream the test
     writes to (``emit``), ``GET /session/status`` answers ``status``, ``POST
-    .../prompt_async`` runs ``on_prompt`` (default: 204)."""
+    .../prompt_async`` runs ``on_prompt`` (default: 204). Under any path prefix too, alike
+    (opencode servers behind a proxy): ``stream_paths`` has the prefix of each stream open."""
 
     def __init__(self) -> None:
         self.status: dict[str, object] = {}
         self.on_prompt: Handler | None = None
         self.streams: list[asyncio.StreamWriter] = []
         self.stream_opens = 0
+        self.stream_paths: list[str] = []
         self.status_reads = 0
         self.prompts = 0
         self._server: asyncio.Server | None = None
@@ -319,8 +343,9 @@ class StandIn:
                         size = int(value)
                 await reader.readexactly(size)
                 path = path.partition("?")[0]
-                if path == "/event":
+                if path.endswith("/event"):
                     self.stream_opens += 1
+                    self.stream_paths.append(path.removesuffix("/event"))
                     writer.write(
                         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                         b"Connection: close\r\n\r\n"
@@ -328,7 +353,7 @@ class StandIn:
                     self.streams.append(writer)
                     await reader.read()  # until the client goes
                     return
-                if path == "/session/status":
+                if path.endswith("/session/status"):
                     self.status_reads += 1
                     status, body = 200, json.dumps(self.status).encode()
                 elif path.endswith("/prompt_async"):
@@ -464,7 +489,7 @@ async def test_an_idle_for_a_turn_never_seen_busy_is_checked_by_a_status_read(
 async def test_checks_of_many_turns_share_one_status_read(stand_in: StandIn) -> None:
     """A worker asks about every turn it holds each check interval; with no live stream
     (here: no turn watched), 200 turns of one server asked at once cost one status read."""
-    deliverer = OpencodeDeliverer(template_targets(stand_in.url))
+    deliverer = OpencodeDeliverer(template_targets(stand_in.url, allow_shared_sessions=True))
     try:
         stand_in.status = {f"ses_{i}": {"type": "busy"} for i in range(0, 200, 2)}
         states = await asyncio.gather(
@@ -543,11 +568,12 @@ async def test_a_hostile_event_stream_is_bounded_and_does_not_kill_the_watcher(
         assert stand_in.stream_opens == 1  # the stream was never dropped
 
 
-async def test_each_server_has_its_own_pool(stand_in: StandIn) -> None:
-    """Sends held open on one opencode take that server's connections only: another
-    server's send goes at once, and a send that finds no free connection within
-    ``connect_timeout`` is transient (nothing was sent). The old code shared one pool of
-    100 across every server, and sent the fourth prompt into the held server too."""
+async def test_each_origin_has_its_own_pool(stand_in: StandIn) -> None:
+    """Sends held open on one opencode take that origin's connections only: another
+    origin's send goes at once, and a send that finds no free connection within
+    ``connect_timeout`` is transient (nothing was sent), also to another base URL on the
+    same origin (one pool per origin, whatever the paths). The old code shared one pool of
+    100 across every server, and sent the third prompt into the held server too."""
     other = StandIn()
     await other.start()
     release = asyncio.Event()
@@ -559,26 +585,133 @@ async def test_each_server_has_its_own_pool(stand_in: StandIn) -> None:
     stand_in.on_prompt = held
     urls = {"a": stand_in.url, "b": other.url}
     deliverer = OpencodeDeliverer(
-        lambda ws, ses: template_targets(urls[ws])(ws, ses),
-        max_connections_per_server=2,  # + 1 for the stream, unused here: 3 at once
+        lambda ws, ses: template_targets(urls[ws], allow_shared_sessions=True)(ws, ses),
+        max_connections_per_server=2,  # the origin's requests (event streams have their own)
         connect_timeout=0.5,
     )
     try:
-        sends = [
-            asyncio.ensure_future(deliverer("a", f"ses_{i}", entry("held"))) for i in (1, 2, 3)
-        ]
-        await eventually(lambda: holds(stand_in.prompts == 3))
+        sends = [asyncio.ensure_future(deliverer("a", f"ses_{i}", entry("held"))) for i in (1, 2)]
+        await eventually(lambda: holds(stand_in.prompts == 2))
         assert isinstance(await deliverer("b", "ses_b", entry("elsewhere")), Turn)
         async with asyncio.timeout(30):  # the old code sent it, and it hung with the rest
             with pytest.raises(TransientDeliveryError):
                 await deliverer("a", "ses_4", entry("no free connection"))
-        assert stand_in.prompts == 3
+            urls["a"] = stand_in.url + "/another/prefix"
+            with pytest.raises(TransientDeliveryError):
+                await deliverer("a", "ses_5", entry("no free connection on that origin"))
+        assert stand_in.prompts == 2
+        assert deliverer.clients_open == 2  # one request pool per origin
         release.set()
         assert all(isinstance(t, Turn) for t in await asyncio.gather(*sends))
     finally:
         release.set()
         await deliverer.aclose()
         await other.close()
+
+
+def open_files() -> int:
+    """This process's open file descriptors (sockets included): the stand-in's ends too."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_many_session_urls_keep_one_client_and_idle_ones_close(stand_in: StandIn) -> None:
+    """The finding: with ``{session}`` in the URL every session name made an HTTP client of
+    its own, kept for ever (600 names took serve from 20 to 1,230 open files). Now the bases
+    of one origin share its client, at most ``max_servers`` are kept (a new one lets the
+    idlest idle one go), and once idle for ``idle_timeout`` they are let go and the client
+    closed: open files back where they were. The old code held 400 clients and ~800 files."""
+    deliverer = OpencodeDeliverer(
+        template_targets(stand_in.url + "/{workspace}/{session}"),
+        max_servers=8,
+        idle_timeout=0.5,
+    )
+    before, most = open_files(), 0
+    try:
+        for batch in range(50):  # 400 session names, 8 sends at once
+            names = [f"s{batch}-{i}" for i in range(8)]
+            await asyncio.gather(*(deliverer(WS, n, entry("hi")) for n in names))
+            assert deliverer.servers_kept <= 8 and deliverer.clients_open == 1
+            most = max(most, open_files() - before)
+        assert stand_in.prompts == 400
+        assert most <= 40, most  # 8 requests at once: both ends of ~8 connections
+        await eventually(
+            lambda: holds(deliverer.servers_kept == 0 and deliverer.clients_open == 0), within=30
+        )
+        await eventually(lambda: holds(open_files() <= before), within=30)
+    finally:
+        await deliverer.aclose()
+
+
+async def test_watched_turns_hold_their_streams_and_idle_servers_are_let_go(
+    stand_in: StandIn,
+) -> None:
+    """One event stream per server (base URL) kept. A watched turn holds its server: its
+    stream outlives the idle timeout, and its end is still heard. A send to one more server
+    when all ``max_servers`` hold watched turns fails transient and sends nothing; once turns
+    end, their servers are idle: the idlest is let go for a new one, and the rest once idle
+    for ``idle_timeout`` (their streams closed, the origin's clients too at the end)."""
+    deliverer = OpencodeDeliverer(
+        template_targets(stand_in.url + "/{workspace}/{session}"),
+        max_servers=4,
+        idle_timeout=0.5,
+    )
+    ends = Ends()
+    deliverer.watch_turns(ends)
+    stand_in.status = {f"s{i}": {"type": "busy"} for i in range(6)}
+    try:
+        turns = [await deliverer(WS, f"s{i}", entry("a long turn")) for i in range(4)]
+        await eventually(lambda: holds(len(stand_in.streams) == 4))
+        assert deliverer.event_streams == 4 and deliverer.servers_kept == 4
+        with pytest.raises(TransientDeliveryError, match="max_servers"):
+            await deliverer(WS, "s4", entry("a fifth server"))
+        assert stand_in.prompts == 4 and deliverer.watched_turns == 4
+
+        async def end(session: str) -> None:
+            stand_in.status.pop(session)
+            await stand_in.event("session.status", session, "busy")
+            await stand_in.event("session.idle", session)
+
+        for i in (1, 2, 3):
+            await end(f"s{i}")
+        await eventually(lambda: holds(len(ends.calls) == 3))
+        fifth = await deliverer(WS, "s4", entry("now there is room"))
+        assert deliverer.servers_kept <= 4
+        # s1-s3 idle past the timeout: let go, their streams closed. s0 and s4 stay.
+        await eventually(lambda: holds(len(stand_in.streams) == 2), within=30)
+        await asyncio.sleep(1.0)  # twice the idle timeout: watched turns keep their streams
+        assert deliverer.servers_kept == 2 and deliverer.event_streams == 2
+        assert len(stand_in.streams) == 2
+        await end("s0")
+        await end("s4")
+        await eventually(lambda: holds(len(ends.calls) == 5))
+        assert {c[2] for c in ends.calls} == {t.id for t in [*turns, fifth]}
+        await eventually(
+            lambda: holds(deliverer.servers_kept == 0 and deliverer.clients_open == 0), within=30
+        )
+        await eventually(lambda: holds(not stand_in.streams))
+    finally:
+        await deliverer.aclose()
+
+
+async def test_one_event_stream_per_server_path_on_an_origin(stand_in: StandIn) -> None:
+    """Two paths on one origin may be two opencode servers behind a proxy: a stream each.
+    One server spelled two ways (a trailing slash) is one stream; the origin has one client
+    for requests and one for streams, whatever its paths."""
+    targets = static_targets(
+        {
+            ("w1", "a"): OpencodeTarget(stand_in.url + "/p/", "sa"),
+            ("w2", "b"): OpencodeTarget(stand_in.url + "/p", "sb"),
+            ("w3", "c"): OpencodeTarget(stand_in.url + "/q", "sc"),
+        }
+    )
+    stand_in.status = {s: {"type": "busy"} for s in ("sa", "sb", "sc")}
+    async with watching_with(targets) as (deliverer, _):
+        for ws, ses in (("w1", "a"), ("w2", "b"), ("w3", "c")):
+            await deliverer(ws, ses, entry("hello"))
+        await eventually(lambda: holds(len(stand_in.streams) == 2))
+        assert sorted(stand_in.stream_paths) == ["/p", "/q"]
+        assert deliverer.event_streams == 2 and deliverer.servers_kept == 2
+        assert deliverer.clients_open == 2
 
 
 # -- the parts, alone -----------------------------------------------------------------------
@@ -634,7 +767,8 @@ async def test_ten_thousand_watched_turns_cost_under_a_kib_each() -> None:
     with IDs of real lengths, cost at most 1 KiB each beyond the empty table."""
     down = f"http://127.0.0.1:{free_port()}"  # its stream only retries: nothing to hold
     client = httpx.AsyncClient()
-    streams = TurnStreams(lambda base: client, timeout=1.0, connect_timeout=1.0)
+    servers = Servers(None, borrowed=client, connections=1, max_servers=1, idle_timeout=1.0)
+    streams = TurnStreams(servers, timeout=1.0, connect_timeout=1.0)
     streams.start(Ends())
     n = 10_000
     try:
@@ -652,13 +786,20 @@ async def test_ten_thousand_watched_turns_cost_under_a_kib_each() -> None:
         assert (after - before) / n <= 1024, (after - before) / n
     finally:
         await streams.close()
+        await servers.aclose()
         await client.aclose()
 
 
 def test_a_deliverer_is_a_turn_watcher_with_the_documented_defaults() -> None:
-    deliverer = OpencodeDeliverer(template_targets("http://127.0.0.1:1"))
+    targets = template_targets("http://127.0.0.1:1", allow_shared_sessions=True)
+    deliverer = OpencodeDeliverer(targets)
     assert isinstance(deliverer, TurnWatcher)
-    with pytest.raises(ValueError, match="max_connections_per_server"):
-        OpencodeDeliverer(template_targets("http://127.0.0.1:1"), max_connections_per_server=0)
-    with pytest.raises(ValueError, match="event_max_bytes"):
-        OpencodeDeliverer(template_targets("http://127.0.0.1:1"), event_max_bytes=0)
+    assert (deliverer.servers_kept, deliverer.clients_open, deliverer.event_streams) == (0, 0, 0)
+    for option, value in [
+        ("max_connections_per_server", 0),
+        ("event_max_bytes", 0),
+        ("max_servers", 0),
+        ("idle_timeout", -1.0),
+    ]:
+        with pytest.raises(ValueError, match=option):
+            OpencodeDeliverer(targets, **{option: value})  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ import click
 
 from ..core.callbacks import Deliverer, Verifier
 from ..deliver import OpencodeDeliverer, WebhookDeliverer, load_targets, template_targets
+from ..deliver.opencode import MAX_SERVERS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,6 +59,13 @@ def delivery_options(command: F) -> F:
             help="the opencode session ID for ours (a template: {workspace}, {session})",
         ),
         click.option(
+            "--opencode-allow-shared-sessions",
+            is_flag=True,
+            envvar="PROMPT_OUTBOX_OPENCODE_ALLOW_SHARED_SESSIONS",
+            help="let two workspaces reach one opencode session (a mapping without "
+            "{workspace}: one tenant); refused at start otherwise",
+        ),
+        click.option(
             "--opencode-targets",
             envvar="PROMPT_OUTBOX_OPENCODE_TARGETS",
             type=click.Path(exists=True, dir_okay=False),
@@ -78,7 +86,17 @@ def delivery_options(command: F) -> F:
             envvar="PROMPT_OUTBOX_OPENCODE_CONNECTIONS",
             show_default=True,
             type=click.IntRange(min=1),
-            help="connections per opencode server (+1 for its event stream)",
+            help="connections per opencode origin (scheme, host, port), shared by the "
+            "servers there; each event stream has one more",
+        ),
+        click.option(
+            "--opencode-max-servers",
+            default=MAX_SERVERS,
+            envvar="PROMPT_OUTBOX_OPENCODE_MAX_SERVERS",
+            show_default=True,
+            type=click.IntRange(min=1),
+            help="opencode servers (distinct base URLs) kept at once; a send to one more "
+            "waits (transient) while all are in use",
         ),
     ]
     for option in reversed(options):
@@ -95,8 +113,11 @@ def build_delivery(
     opencode_targets: str | None,
     opencode_timeout: float,
     opencode_connections: int = 32,
+    opencode_max_servers: int = MAX_SERVERS,
+    opencode_allow_shared_sessions: bool = False,
 ) -> Delivery | None:
-    """The configured deliverer, or None when none is (usage errors say what is missing)."""
+    """The configured deliverer, or None when none is (usage errors say what is missing, and
+    name an opencode mapping that lets two workspaces meet in one agent session)."""
     opencode = opencode_url is not None or opencode_targets is not None
     if webhook_url and opencode:
         raise click.UsageError("choose one deliverer: --webhook-url or --opencode-url/-targets")
@@ -108,11 +129,14 @@ def build_delivery(
         hook = WebhookDeliverer(webhook_url, secret=key, verify_url=webhook_verify_url)
         return Delivery(hook, hook.verify if webhook_verify_url else None, hook.aclose, key)
     if opencode:
+        shared = opencode_allow_shared_sessions
         try:
             targets = (
-                load_targets(opencode_targets)
+                load_targets(opencode_targets, allow_shared_sessions=shared)
                 if opencode_targets
-                else template_targets(str(opencode_url), opencode_session)
+                else template_targets(
+                    str(opencode_url), opencode_session, allow_shared_sessions=shared
+                )
             )
         except (OSError, ValueError) as exc:
             raise click.UsageError(str(exc)) from None
@@ -124,6 +148,7 @@ def build_delivery(
             timeout=opencode_timeout,
             auth=(user, password) if password else None,
             max_connections_per_server=opencode_connections,
+            max_servers=opencode_max_servers,
         )
         return Delivery(agent, agent.verify, agent.aclose)
     return None

@@ -22,13 +22,17 @@ failing that, it matches the text of a user message created after ``lastAttemptA
 
 Every path segment built from an ID is percent-encoded (``session_path``), and an opencode
 session ID that cannot be one segment (empty, only dots, or holding ``/``, ``?``, ``#``) is
-refused: a client normalises ``/session/../message`` to ``/message``, another route.
+refused: a client normalises ``/session/../message`` to ``/message``, another route. The
+mappings, and the refusal of one that lets two workspaces meet in one opencode session, are
+in ``opencode_targets``.
 
 Every request reads a bounded part of opencode's answer, within ``timeout`` in total
 (``answer.bounded_request``): the send's answer up to ``SEND_ANSWER_BYTES`` (an error's
 detail), the transcript up to ``transcript_max_bytes``, past which the verdict is
-inconclusive, never a guess from part of it. Each opencode server (base URL) has a connection
-pool of its own, ``max_connections_per_server`` plus one for its event stream.
+inconclusive, never a guess from part of it. Each origin (scheme, host, port) has a pool of
+``max_connections_per_server`` connections shared by the servers (base URLs) on it, each
+event stream a connection of its own; at most ``max_servers`` servers are kept, and one idle
+for ``idle_timeout`` is let go (``opencode_servers``).
 """
 
 from __future__ import annotations
@@ -37,11 +41,8 @@ import hashlib
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -51,7 +52,34 @@ from ..core.errors import ambiguous, transient
 from ..core.timeutil import to_ms
 from .answer import Answer, KiB, MiB, bounded_request
 from .opencode_events import TurnStreams
+from .opencode_servers import Servers, ServersFull
+from .opencode_targets import (
+    InvalidTarget,
+    OpencodeTarget,
+    SharedTarget,
+    TargetResolver,
+    load_targets,
+    server_of,
+    session_path,
+    static_targets,
+    template_targets,
+)
 from .sse_events import EVENT_MAX_BYTES
+
+__all__ = [  # the mappings' names stay importable from here, where they were
+    "InvalidTarget",
+    "OpencodeDeliverer",
+    "OpencodeTarget",
+    "SharedTarget",
+    "TargetResolver",
+    "load_targets",
+    "message_id",
+    "model_selector",
+    "part_id",
+    "session_path",
+    "static_targets",
+    "template_targets",
+]
 
 log = logging.getLogger("prompt_outbox.opencode")
 
@@ -62,91 +90,8 @@ _CLOCK_SKEW_MS = 2_000  # the text fallback's grace before lastAttemptAt
 SEND_ANSWER_BYTES = 64 * KiB  # 204 holds nothing; an error's body is read for its detail
 ABORT_ANSWER_BYTES = 4 * KiB  # true/false
 TRANSCRIPT_MAX_BYTES = 64 * MiB  # the default bound of one transcript page
-
-
-@dataclass(frozen=True, slots=True)
-class OpencodeTarget:
-    """Where one of our sessions lives: an opencode server and its session ID there."""
-
-    base_url: str
-    session_id: str
-
-
-TargetResolver = Callable[[str, str], Awaitable[OpencodeTarget] | OpencodeTarget]
-"""``(workspace, session) -> OpencodeTarget`` (sync or async); raising means "no target"."""
-
-
-class InvalidTarget(ValueError):
-    """An opencode session ID that cannot be one URL path segment."""
-
-
-def session_path(session_id: str) -> str:
-    """``session_id`` as one percent-encoded path segment, or InvalidTarget: it must not be
-    empty, only dots (a client removes ``.`` and ``..`` segments), or hold ``/``, ``?`` or
-    ``#`` (which percent-encoding would hide, but which no opencode session ID holds: such an
-    ID is a misconfigured template or map)."""
-    if not session_id.strip(".") or any(c in session_id for c in "/?#"):
-        raise InvalidTarget(
-            f"opencode session ID {session_id!r} is not one path segment (empty, only dots, "
-            "or holding '/', '?' or '#')"
-        )
-    return quote(session_id, safe="")
-
-
-def template_targets(base_url: str, session_template: str = "{session}") -> TargetResolver:
-    """One URL template and one session-ID template, filled with ``{workspace}``/``{session}``
-    (percent-encoded in the URL). The default maps our session ID to the opencode session of
-    the same ID on one server. A session template that cannot yield one path segment
-    (``a/{session}``) is an InvalidTarget here."""
-    session_path(session_template.format(workspace="w", session="s"))
-
-    def resolve(ws: str, ses: str) -> OpencodeTarget:
-        target = OpencodeTarget(
-            base_url.format(workspace=quote(ws, safe=""), session=quote(ses, safe="")),
-            session_template.format(workspace=ws, session=ses),
-        )
-        session_path(target.session_id)
-        return target
-
-    return resolve
-
-
-def static_targets(mapping: Mapping[tuple[str, str], OpencodeTarget]) -> TargetResolver:
-    """A fixed map of ``(workspace, session) -> target``; an unmapped session is an error, a
-    target whose session ID cannot be a path segment an InvalidTarget here."""
-    table = dict(mapping)
-    for (ws, ses), target in table.items():
-        try:
-            session_path(target.session_id)
-        except InvalidTarget as exc:
-            raise InvalidTarget(f"the target of {ws}/{ses}: {exc}") from None
-
-    def resolve(ws: str, ses: str) -> OpencodeTarget:
-        try:
-            return table[(ws, ses)]
-        except KeyError:
-            raise LookupError(f"no opencode target configured for {ws}/{ses}") from None
-
-    return resolve
-
-
-def load_targets(path: str) -> TargetResolver:
-    """Read a static map from JSON: ``{"<ws>/<ses>": {"url": ..., "session": ...}, ...}``."""
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
-        raise ValueError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected an object of '<ws>/<ses>' -> {{url, session}}")
-    table: dict[tuple[str, str], OpencodeTarget] = {}
-    for key, value in raw.items():
-        ws, sep, ses = str(key).partition("/")
-        if not sep or not isinstance(value, dict) or not {"url", "session"} <= value.keys():
-            raise ValueError(f"{path}: bad entry {key!r}: want '<ws>/<ses>': {{url, session}}")
-        table[(ws, ses)] = OpencodeTarget(str(value["url"]), str(value["session"]))
-    return static_targets(table)
+MAX_SERVERS = 256  # servers (base URLs) kept at once: each a stream, its origin a pool
+IDLE_TIMEOUT = 30.0  # a server's stream and clients outlive its last use this long
 
 
 def _suffix(entry_id: str) -> str:
@@ -202,15 +147,20 @@ class OpencodeDeliverer:
     ``TurnWatcher`` (``watch_turns``, ``turn_state``), its ``Aborter`` (``abort``) and its
     Verifier (``.verify``).
 
-    ``targets`` maps our (workspace, session) to an opencode server and session ID.
+    ``targets`` maps our (workspace, session) to an opencode server and session ID
+    (``template_targets``, ``static_targets``, ``load_targets`` or a callable of your own).
     ``timeout`` bounds each request in total (a send answers in ~0.1 s; past it the send is
     ambiguous and the verifier settles it). ``max_connections_per_server`` sizes each
-    server's connection pool (sends, status and transcript reads; its event stream has one
-    more). ``event_max_bytes`` bounds one line and one event of the event stream.
+    origin's (scheme, host, port) connection pool, shared by the servers there (sends,
+    status and transcript reads; each event stream has a connection of its own).
+    ``max_servers`` bounds the servers (distinct base URLs) kept at once: a send to one more
+    lets the idlest idle one go, or fails transient when all are in use. ``idle_timeout``:
+    how long a server's event stream, and its origin's clients, outlive its last request or
+    watched turn. ``event_max_bytes`` bounds one line and one event of the event stream.
     ``transcript_limit`` is how many recent messages the verifier reads,
     ``transcript_max_bytes`` how many bytes of them at most (past it: inconclusive).
-    ``client`` is borrowed if given (for every server, with its own limits); otherwise one
-    is made per server and closed by ``aclose()``.
+    ``client`` is borrowed if given (for every server, with its own limits); otherwise the
+    clients are made per origin and closed when idle, or by ``aclose()``.
     """
 
     def __init__(
@@ -221,6 +171,8 @@ class OpencodeDeliverer:
         connect_timeout: float = 5.0,
         auth: tuple[str, str] | None = None,
         max_connections_per_server: int = 32,
+        max_servers: int = MAX_SERVERS,
+        idle_timeout: float = IDLE_TIMEOUT,
         event_max_bytes: int = EVENT_MAX_BYTES,
         transcript_limit: int = 500,
         transcript_max_bytes: int = TRANSCRIPT_MAX_BYTES,
@@ -240,44 +192,45 @@ class OpencodeDeliverer:
         # Waiting for a free connection is bounded by connect_timeout: past it nothing was
         # sent (transient), where the request's own deadline would make it ambiguous.
         self._http_timeout = httpx.Timeout(timeout, connect=connect_timeout, pool=connect_timeout)
-        self._limits = httpx.Limits(
-            max_connections=max_connections_per_server + 1,  # + the event stream
-            max_keepalive_connections=max_connections_per_server + 1,
-        )
-        self._borrowed = client
-        self._clients: dict[str, httpx.AsyncClient] = {}
         self._ssl: Any = None
+        self._servers = Servers(
+            self._new_client if client is None else None,
+            borrowed=client,
+            connections=max_connections_per_server,
+            max_servers=max_servers,
+            idle_timeout=idle_timeout,
+        )
         self._streams = TurnStreams(
-            self._client_for,
+            self._servers,
             timeout=timeout,
             connect_timeout=connect_timeout,
             max_bytes=event_max_bytes,
         )
 
-    def _client_for(self, base: str) -> httpx.AsyncClient:
-        """The server's own client: one connection pool per opencode server, so one busy
-        server's sends and stream never take another's connections."""
-        if self._borrowed is not None:
-            return self._borrowed
-        client = self._clients.get(base)
-        if client is None:
-            if self._ssl is None:
-                self._ssl = httpx.create_ssl_context()  # one for all (20 ms, ~100s of KiB)
-            transport = httpx.AsyncHTTPTransport(verify=self._ssl, limits=self._limits)
-            client = self._clients[base] = httpx.AsyncClient(
-                transport=transport, verify=self._ssl, timeout=self._http_timeout, auth=self._auth
-            )
-        return client
+    def _new_client(self, limits: httpx.Limits) -> httpx.AsyncClient:
+        """An origin's client: one pool per origin, so one busy origin's sends never take
+        another's connections."""
+        if self._ssl is None:
+            self._ssl = httpx.create_ssl_context()  # one for all (20 ms, ~100s of KiB)
+        transport = httpx.AsyncHTTPTransport(verify=self._ssl, limits=limits)
+        return httpx.AsyncClient(
+            transport=transport, verify=self._ssl, timeout=self._http_timeout, auth=self._auth
+        )
 
     async def _target(self, ws: str, ses: str) -> OpencodeTarget:
+        """The session's target, its ID one path segment and its URL a server's (else
+        InvalidTarget: definitive); a resolver that fails otherwise is transient."""
         try:
             found = self._targets(ws, ses)
-            return await found if inspect.isawaitable(found) else found
+            target = await found if inspect.isawaitable(found) else found
         except InvalidTarget:
             raise  # a misconfiguration, not a passing failure: definitive
         except Exception as exc:
             # The contract's own example of a transient failure: the endpoint could not be resolved.
             raise transient(exc) from exc
+        session_path(target.session_id)
+        server_of(self._base(target))
+        return target
 
     @staticmethod
     def _base(target: OpencodeTarget) -> str:
@@ -299,10 +252,13 @@ class OpencodeDeliverer:
         url = self._url(target, "prompt_async")
         turn = Turn(body["messageID"])
         # Watched before the send: the turn may end before its 204 is read.
-        watch = self._streams.watch(self._base(target), target.session_id, ws, ses, turn.id)
+        try:
+            watch = self._streams.watch(self._base(target), target.session_id, ws, ses, turn.id)
+        except ServersFull as exc:
+            raise transient(exc) from exc  # every server kept is in use: nothing sent
         try:
             answer = await self._request(target, "POST", url, SEND_ANSWER_BYTES, json_body=body)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, ServersFull) as exc:
             self._streams.drop(watch)
             raise transient(exc) from exc  # opencode is down or its pool full: nothing sent
         except httpx.HTTPError as exc:
@@ -337,6 +293,22 @@ class OpencodeDeliverer:
         """How many turns this deliverer watches now (sent and not yet heard ending)."""
         return len(self._streams)
 
+    @property
+    def servers_kept(self) -> int:
+        """How many opencode servers (distinct base URLs) it keeps now (<= ``max_servers``)."""
+        return self._servers.kept
+
+    @property
+    def clients_open(self) -> int:
+        """How many HTTP clients it made are open (two per origin at most: requests and event
+        streams; none with a borrowed ``client``)."""
+        return self._servers.clients
+
+    @property
+    def event_streams(self) -> int:
+        """How many event streams run (one per server kept with a turn watched, or since)."""
+        return self._streams.streams
+
     async def turn_state(self, ws: str, ses: str, turn_id: str) -> TurnState:
         """``TurnWatcher``: RUNNING while the session is busy in opencode, ENDED once it is
         not, UNKNOWN when opencode cannot be asked; from the live event stream when it
@@ -344,7 +316,6 @@ class OpencodeDeliverer:
         on (while ``watch_turns`` has a callback)."""
         try:
             target = await self._target(ws, ses)
-            session_path(target.session_id)
         except Exception as exc:
             log.info("no opencode target to ask about a turn: %s", exc, extra={"turn": turn_id})
             return TurnState.UNKNOWN
@@ -362,14 +333,10 @@ class OpencodeDeliverer:
     async def _request(
         self, target: OpencodeTarget, method: str, url: str, limit: int, **kwargs: Any
     ) -> Answer:
-        return await bounded_request(
-            self._client_for(self._base(target)),
-            method,
-            url,
-            limit=limit,
-            deadline=self._timeout,
-            **kwargs,
-        )
+        async with self._servers.request(self._base(target)) as client:
+            return await bounded_request(
+                client, method, url, limit=limit, deadline=self._timeout, **kwargs
+            )
 
     async def verify(self, ws: str, ses: str, entry: Entry) -> Verdict:
         """DELIVERED if an attempt of the entry is in the transcript, ABSENT if provably not,
@@ -423,6 +390,4 @@ class OpencodeDeliverer:
     async def aclose(self) -> None:
         """Stop the event streams and close the clients this deliverer made."""
         await self._streams.close()
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.aclose()
+        await self._servers.aclose()

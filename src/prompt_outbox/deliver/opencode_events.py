@@ -1,8 +1,11 @@
 """Learn the ends of opencode turns from its event stream (docs/opencode-turns.md).
 
-One ``GET {base}/event`` connection per opencode server, shared by every session of ours on
-it, opened when the first turn there is watched and closed a while after the last one ended
-(``STREAM_LINGER``), or at once by ``close``. opencode reports ``session.status`` (busy /
+One ``GET {base}/event`` connection per opencode server (a base URL, however spelled: two
+paths on one origin may be two servers behind a proxy), shared by every session of ours on
+it, opened when the first turn there is watched and closed when the server is let go (idle
+for the deliverer's ``idle_timeout``, or the idlest one when ``max_servers`` are kept:
+``opencode_servers``), or at once by ``close``. A watched turn holds its server, so its
+stream is never closed while it is watched. opencode reports ``session.status`` (busy /
 idle) and ``session.idle`` for every session of the server; a session that goes idle ends
 every turn of it that we watch and saw busy (an idle before that is an earlier turn's), and
 ``ended(ws, ses, turn)`` is awaited once per turn.
@@ -31,14 +34,15 @@ from typing import Any
 import httpx
 
 from ..core.callbacks import TurnEnded, TurnState
-from .opencode_status import ClientFor, StatusReads
+from .opencode_servers import Servers, ServersFull
+from .opencode_status import StatusReads
+from .opencode_targets import Server
 from .opencode_watches import ServerWatch, Watch
 from .sse_events import EVENT_MAX_BYTES, SSEParser, session_change
 
 log = logging.getLogger("prompt_outbox.opencode")
 
 STREAM_READ_TIMEOUT = 30.0  # three missed heartbeats: a silent connection is reopened
-STREAM_LINGER = 30.0  # how long a server's stream outlives its last watched turn
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0  # seconds between reconnects, doubling
 REPORTS_AT_ONCE = 32  # ``ended`` calls in flight at once (a restart can end thousands)
 # A turn that ended within this long of its send may not be held yet when it is reported
@@ -58,11 +62,11 @@ class TurnStreams:
     ``start(ended)`` begins reporting ends; ``watch`` a turn before its send, ``sent`` once
     the send answered 2xx, ``drop`` it if the send failed; ``state`` answers for a turn from
     the live stream, or from a status read; ``stop`` / ``close`` end every stream and forget
-    every turn."""
+    every turn. Each watched turn holds its server in ``servers`` until it is forgotten."""
 
     def __init__(
         self,
-        client_for: ClientFor,
+        servers: Servers,
         *,
         timeout: float,
         connect_timeout: float,
@@ -70,19 +74,20 @@ class TurnStreams:
     ) -> None:
         if max_bytes < 1:
             raise ValueError("event_max_bytes must be at least 1")
-        self._client_for = client_for
+        self._registry = servers
+        servers.on_let_go(self._let_go)
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._max_bytes = max_bytes
         self._ended: TurnEnded | None = None
-        self._servers: dict[str, ServerWatch] = {}
+        self._servers: dict[Server, ServerWatch] = {}
         self._turns: dict[tuple[str, str, str], Watch] = {}
         self._seq = 0
         self._reports: set[asyncio.Task[None]] = set()  # ``ended`` calls in flight
         self._chores: set[asyncio.Task[None]] = set()  # status reads asked for, cancelled by stop
-        self._stopped: list[asyncio.Task[None]] = []  # streams cancelled, not yet awaited
+        self._stopped: set[asyncio.Task[None]] = set()  # cancelled, not yet ended
         self._report_slots = asyncio.Semaphore(REPORTS_AT_ONCE)
-        self._status = StatusReads(client_for, timeout)
+        self._status = StatusReads(servers, timeout)
 
     # -- what the deliverer calls --
 
@@ -92,7 +97,8 @@ class TurnStreams:
 
     def watch(self, base: str, session: str, ws: str, ses: str, turn: str) -> Watch | None:
         """Watch a turn about to be sent (None when nobody is told of ends: not started).
-        An idle of its session from now on counts: the turn may end before its send answers."""
+        An idle of its session from now on counts: the turn may end before its send answers.
+        ServersFull when its server is not kept and no room can be made for it."""
         if self._ended is None:
             return None
         watch = self._add(base, session, ws, ses, turn)
@@ -138,7 +144,8 @@ class TurnStreams:
                 self._remove(watch)  # the caller ends it: no report of ours as well
             return TurnState.ENDED
         if watch is None and self._ended is not None:
-            self._add(base, session, ws, ses, turn).busy = busy is not None
+            with contextlib.suppress(ServersFull):  # asked again at the next check
+                self._add(base, session, ws, ses, turn).busy = busy is not None
         return TurnState.UNKNOWN if busy is None else TurnState.RUNNING
 
     def stop(self) -> None:
@@ -146,21 +153,33 @@ class TurnStreams:
         waits for what was cancelled)."""
         self._ended = None
         for chore in self._chores:
-            chore.cancel()
-            self._stopped.append(chore)
+            self._cancel(chore)
+        for watch in list(self._turns.values()):
+            self._remove(watch)  # its server's hold let go
         for server in self._servers.values():
             if server.task is not None:
-                server.task.cancel()
-                self._stopped.append(server.task)
+                self._cancel(server.task)
         self._servers.clear()
-        self._turns.clear()
+
+    def _cancel(self, task: asyncio.Task[None]) -> None:
+        task.cancel()
+        self._stopped.add(task)
+        task.add_done_callback(self._stopped.discard)
+
+    def _let_go(self, key: Server) -> asyncio.Task[None] | None:
+        """``Servers`` lets the server go (idle: no turn is watched there): stop its stream;
+        the task to wait for, if one ran."""
+        server = self._servers.pop(key, None)
+        if server is None or server.task is None or server.task.done():
+            return None
+        self._cancel(server.task)
+        return server.task
 
     async def close(self) -> None:
         """``stop``, then wait for the streams to end and for the reports begun (within the
         request timeout; those still running then are cancelled)."""
         self.stop()
-        stopped, self._stopped = self._stopped, []
-        for task in stopped:
+        for task in list(self._stopped):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._reports:
@@ -173,6 +192,11 @@ class TurnStreams:
         """How many turns are watched."""
         return len(self._turns)
 
+    @property
+    def streams(self) -> int:
+        """How many event streams run (one per server kept with a turn watched, or since)."""
+        return sum(s.task is not None and not s.task.done() for s in self._servers.values())
+
     # -- the table --
 
     def _next(self) -> int:
@@ -183,9 +207,10 @@ class TurnStreams:
         key = (ws, ses, turn)
         if (old := self._turns.get(key)) is not None:
             self._remove(old)
-        server = self._servers.get(base)
+        host = self._registry.hold(base)  # first: ServersFull leaves nothing half-made
+        server = self._servers.get(host)
         if server is None:
-            server = self._servers[base] = ServerWatch(base)
+            server = self._servers[host] = ServerWatch(host, base)
         watch = Watch(server, session, ws, ses, turn, self._next())
         self._turns[key] = watch
         server.sessions.setdefault(session, []).append(watch)
@@ -202,8 +227,7 @@ class TurnStreams:
             watches.remove(watch)
             if not watches:
                 del server.sessions[watch.session]
-                if not server.sessions:
-                    server.empty_since = time.monotonic()
+            self._registry.release(server.key)
 
     def _change(self, server: ServerWatch, session: str, idle: bool) -> None:
         """A busy marks the session's watched turns under way. An idle ends those (one being
@@ -257,7 +281,7 @@ class TurnStreams:
     # -- the streams --
 
     def _ensure_stream(self, server: ServerWatch) -> None:
-        if self._ended is None or self._servers.get(server.base) is not server:
+        if self._ended is None or self._servers.get(server.key) is not server:
             return
         if server.task is not None and not server.task.done():
             return
@@ -272,15 +296,16 @@ class TurnStreams:
         """Sent by us less than ``SEND_GRACE`` ago: it may not show as busy yet."""
         return bool(watch.sent_at) and time.monotonic() - watch.sent_at < SEND_GRACE
 
-    def _lingered(self, server: ServerWatch) -> bool:
-        return not server.sessions and time.monotonic() - server.empty_since > STREAM_LINGER
+    def _kept(self, server: ServerWatch) -> bool:
+        return self._ended is not None and self._servers.get(server.key) is server
 
     async def _follow(self, server: ServerWatch) -> None:
-        """Keep the server's stream open while it has watched turns (and ``STREAM_LINGER``
-        after), reconnecting with backoff; what goes wrong is logged, never raised."""
+        """Keep the server's stream open while it is kept (a turn is watched there, or was
+        within the idle timeout), reconnecting with backoff; what goes wrong is logged, never
+        raised."""
         backoff = BACKOFF_MIN
         try:
-            while self._ended is not None and not self._lingered(server):
+            while self._kept(server):
                 try:
                     if await self._connection(server):
                         backoff = BACKOFF_MIN
@@ -288,22 +313,17 @@ class TurnStreams:
                     log.info("opencode event stream of %s: %r", server.base, exc)
                 finally:
                     server.connected = False
-                if self._ended is None or self._lingered(server):
+                if not self._kept(server):
                     break
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
         finally:
             server.connected = False
-            if self._servers.get(server.base) is server:
-                if server.sessions:  # a turn came as it was leaving: start again
-                    asyncio.get_running_loop().call_soon(self._ensure_stream, server)
-                else:
-                    del self._servers[server.base]
 
     async def _connection(self, server: ServerWatch) -> bool:
         """One connection of the stream, until it is cut or nothing is left to watch; True
         if it got as far as its status read (the backoff starts over)."""
-        client = self._client_for(server.base)
+        client = self._registry.stream_client(server.key)
         timeout = httpx.Timeout(
             connect=self._connect_timeout,
             read=STREAM_READ_TIMEOUT,
@@ -342,7 +362,7 @@ class TurnStreams:
                         self._max_bytes,
                     )
                     parser.skipped = 0
-                if server.stale or self._ended is None or self._lingered(server):
+                if server.stale or not self._kept(server):
                     break
         return True
 

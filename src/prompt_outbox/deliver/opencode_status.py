@@ -6,27 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
-import httpx
-
 from .answer import MiB, bounded_request
+from .opencode_servers import Servers
 
 log = logging.getLogger("prompt_outbox.opencode")
 
 STATUS_ANSWER_BYTES = 4 * MiB  # ~50 bytes per busy session
-
-ClientFor = Callable[[str], httpx.AsyncClient]
-"""The HTTP client of one opencode server (its own connection pool), by base URL."""
 
 
 class StatusReads:
     """Status reads of opencode servers, each bounded by ``STATUS_ANSWER_BYTES`` and
     ``timeout`` in total."""
 
-    def __init__(self, client_for: ClientFor, timeout: float) -> None:
-        self._client_for = client_for
+    def __init__(self, servers: Servers, timeout: float) -> None:
+        self._servers = servers
         self._timeout = timeout
         self._reads: dict[str, asyncio.Future[set[str] | None]] = {}
 
@@ -34,13 +29,14 @@ class StatusReads:
         """The sessions ``GET {base}/session/status`` lists as not idle, or None if it could
         not be read whole."""
         try:
-            answer = await bounded_request(
-                self._client_for(base),
-                "GET",
-                base + "/session/status",
-                limit=STATUS_ANSWER_BYTES,
-                deadline=self._timeout,
-            )
+            async with self._servers.request(base) as client:
+                answer = await bounded_request(
+                    client,
+                    "GET",
+                    base + "/session/status",
+                    limit=STATUS_ANSWER_BYTES,
+                    deadline=self._timeout,
+                )
             if answer.status != 200:
                 raise RuntimeError(f"GET /session/status answered {answer.status}")
             value: Any = answer.json()

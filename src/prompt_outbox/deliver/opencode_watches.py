@@ -1,10 +1,11 @@
 """The records of ``opencode_events.TurnStreams``: one per watched turn, one per opencode
-server. Plain slotted records, a few hundred bytes each: 10,000 turns held cost a few MB."""
+server kept. Plain slotted records, a few hundred bytes each: 10,000 turns held cost a few MB."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+
+from .opencode_targets import Server
 
 
 class Watch:
@@ -39,15 +40,16 @@ class Watch:
 
 
 class ServerWatch:
-    """One opencode server: its watched turns by opencode session, and its stream.
-    ``connected``: the stream is open and its status read done (what it says is live);
-    ``read_began``: the sequence number at which the latest status read began; ``recheck``:
-    a turn was sent while a status read ran, so the status must be read again."""
+    """One opencode server (``key``; ``base``, its URL as the first turn watched there spelled
+    it): its watched turns by opencode session, and its stream. ``connected``: the stream is
+    open and its status read done (what it says is live); ``read_began``: the sequence number
+    at which the latest status read began; ``recheck``: a turn was sent while a status read
+    ran, so the status must be read again."""
 
     __slots__ = (
         "base",
         "connected",
-        "empty_since",
+        "key",
         "read_began",
         "recheck",
         "rechecking",
@@ -57,7 +59,8 @@ class ServerWatch:
         "task",
     )
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, key: Server, base: str) -> None:
+        self.key = key
         self.base = base
         self.sessions: dict[str, list[Watch]] = {}
         self.task: asyncio.Task[None] | None = None
@@ -67,4 +70,3 @@ class ServerWatch:
         self.rechecking = False
         self.settling_later = False
         self.stale = False  # a recheck failed: reconnect (and read the status again)
-        self.empty_since = time.monotonic()
