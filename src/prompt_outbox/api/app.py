@@ -22,7 +22,7 @@ from .errors import EXCEPTION_HANDLERS
 from .fast import AcceptFastPath
 from .guard import RequestGuard
 from .health import DEFAULT_COUNT_INTERVAL, EntryCounts
-from .limits import AcceptRates, RateLimit
+from .limits import RateLimit, Rates
 from .requestid import RequestID
 from .streams import StreamGate, StreamLimits
 from .ui import mount_ui
@@ -36,6 +36,7 @@ def create_app(
     answers: AnswerLimits | None = None,
     cors_origins: Sequence[str] = (),
     accept_rate: RateLimit | None = None,
+    turn_end_rate: RateLimit | None = None,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
     request_deadline: float | None = None,
     api_docs: bool = False,
@@ -46,7 +47,9 @@ def create_app(
     answers hold for their clients (per process, per token: ``answers.py``); ``cors_origins``
     are the origins (``https://app.example``) whose pages may call it from a browser;
     ``accept_rate`` bounds the accepts per second of each token (``RateLimit()``'s defaults
-    when None; ``RateLimit(0)`` for none); ``count_interval`` is how often, at most, ``/metrics``
+    when None; ``RateLimit(0)`` for none); ``turn_end_rate`` the turn ends per second of each
+    token, and of the webhook signer for all signed ends (a bucket apart; the same defaults);
+    ``count_interval`` is how often, at most, ``/metrics``
     counts the entries by status (seconds; 0: never); ``request_deadline`` bounds the seconds
     until a request's answer starts, its body included (503 past it, 408 if the body is what
     is late; ``deadline.request_deadline_for``);
@@ -72,7 +75,8 @@ def create_app(
     app.state.streams = StreamGate(streams or StreamLimits())  # the events route takes a slot
     # The list and events routes charge what their answers hold.
     app.state.answers = AnswerBuffers(answers or AnswerLimits(), outbox.metrics)
-    app.state.accept_rates = AcceptRates(accept_rate or RateLimit())  # the accept takes one
+    app.state.accept_rates = Rates(accept_rate or RateLimit(), "prompts")  # an accept takes one
+    app.state.turn_end_rates = Rates(turn_end_rate or RateLimit(), "turn ends")  # an end takes one
     # /metrics: its gauges' counts
     app.state.entry_counts = EntryCounts(outbox.overview.fleet_counts, count_interval)
     routers = (

@@ -26,7 +26,7 @@ from ..outbox import Outbox
 from .answers import AnswersDep, charge, list_body
 from .auth import Caller, Principal
 from .errors import ApiError, errors
-from .limits import AcceptRates
+from .limits import Rates
 from .models import Accepted, EditedOut, EntryList, Retried
 from .params import EntryId, OutboxDep, SessionId, WorkspaceId
 from .sse import event_stream
@@ -143,7 +143,7 @@ async def accept_prompt(
 
 async def accept_body(
     outbox: Outbox,
-    rates: AcceptRates,
+    rates: Rates,
     ws: str,
     ses: str,
     caller: Principal,

@@ -69,6 +69,7 @@ async def run_api(
     access_log: bool = False,
     cors_origins: tuple[str, ...] = (),
     accept_rate: RateLimit | None = None,
+    turn_end_rate: RateLimit | None = None,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
     request_deadline: float | None = None,
     api_docs: bool = False,
@@ -90,6 +91,7 @@ async def run_api(
             answers=readers.answers,
             cors_origins=cors_origins,
             accept_rate=accept_rate,
+            turn_end_rate=turn_end_rate,
             count_interval=count_interval,
             request_deadline=request_deadline,
             api_docs=api_docs,
@@ -185,6 +187,24 @@ async def run_api(
     envvar="PROMPT_OUTBOX_ACCEPT_BURST",
     type=click.IntRange(min=1),
     help="accepts one token may send at once after a quiet spell",
+)
+@click.option(
+    "--turn-end-rate",
+    default=DEFAULT_RATE,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_TURN_END_RATE",
+    type=click.FloatRange(min=0),
+    help="turn ends per second one token may sustain, in this process, in a bucket apart from "
+    "its accepts; the signed ends share one such bucket, the webhook signer's (429 past it; "
+    "0: no limit)",
+)
+@click.option(
+    "--turn-end-burst",
+    default=DEFAULT_BURST,
+    show_default=True,
+    envvar="PROMPT_OUTBOX_TURN_END_BURST",
+    type=click.IntRange(min=1),
+    help="turn ends one token (or the webhook signer) may send at once after a quiet spell",
 )
 @click.option(
     "--metrics-count-interval",
@@ -283,6 +303,8 @@ def serve(
     streams_buffer_mib: int,
     accept_rate: float,
     accept_burst: int,
+    turn_end_rate: float,
+    turn_end_burst: int,
     metrics_count_interval: float,
     access_log: bool,
     cors_origins: tuple[str, ...],
@@ -350,6 +372,7 @@ def serve(
                 access_log=access_log,
                 cors_origins=cors_origins,
                 accept_rate=RateLimit(accept_rate, accept_burst),
+                turn_end_rate=RateLimit(turn_end_rate, turn_end_burst),
                 count_interval=metrics_count_interval,
                 request_deadline=request_deadline,
                 api_docs=api_docs,
