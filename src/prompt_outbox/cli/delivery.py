@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from ..core.callbacks import Deliverer, Verifier
+from ..core.errors import InvalidInput
+from ..core.validate import check_unicode
 from ..deliver import OpencodeDeliverer, WebhookDeliverer, load_targets, template_targets
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -104,7 +106,10 @@ def build_delivery(
         secret = os.environ.get(webhook_secret_env, "")
         if not secret:
             raise click.UsageError(f"--webhook-url needs a signing secret in ${webhook_secret_env}")
-        key = secret.encode()
+        try:  # a byte that is not UTF-8 in the variable: no receiver could sign with it
+            key = check_unicode(f"${webhook_secret_env}", secret).encode()
+        except InvalidInput as exc:
+            raise click.UsageError(str(exc)) from None
         hook = WebhookDeliverer(webhook_url, secret=key, verify_url=webhook_verify_url)
         return Delivery(hook, hook.verify if webhook_verify_url else None, hook.aclose, key)
     if opencode:

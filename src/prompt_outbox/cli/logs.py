@@ -24,7 +24,9 @@ from typing import Any
 
 import click
 
+from ..core.errors import InvalidInput
 from ..core.logctx import log_fields
+from ..core.validate import check_unicode
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
@@ -124,6 +126,23 @@ def logging_to_stderr(fmt: str = "text", level: str = "info") -> Iterator[None]:
             logger.setLevel(was)
 
 
+def _check_unicode(command: click.Command, params: dict[str, Any]) -> None:
+    """Every text an operator handed the command (an argument, an option, its variable) is
+    Unicode: a byte that is not UTF-8 in argv or the environment comes as a lone surrogate
+    (Python's surrogateescape), which no Valkey write, URL or log line can carry. A usage
+    error (exit 2) naming the parameter, before anything runs. File paths are the file
+    system's bytes, any of them: not text."""
+    for param in command.params:
+        if param.name not in params or isinstance(param.type, click.Path):
+            continue
+        value = params[param.name]
+        texts = [value] if isinstance(value, str) else value if isinstance(value, tuple) else []
+        try:
+            check_unicode(param.name, [t for t in texts if isinstance(t, str)])
+        except InvalidInput as exc:
+            raise click.BadParameter(str(exc), param=param) from None
+
+
 def with_logging(command: click.Command) -> click.Command:
     """``command`` with --log-format and --log-level, logging set up before it runs; and
     every option with an environment variable shows it in ``--help``. A group: each of its
@@ -158,6 +177,7 @@ def with_logging(command: click.Command) -> click.Command:
 
     @functools.wraps(run)
     def logged(*args: Any, log_format: str, log_level: str, **kwargs: Any) -> Any:
+        _check_unicode(command, kwargs)
         with logging_to_stderr(log_format, log_level):
             return run(*args, **kwargs)
 
