@@ -9,8 +9,9 @@ import gc
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 import uvicorn
@@ -41,6 +42,7 @@ log = logging.getLogger("prompt_outbox.cli")
 
 
 _ORIGIN = re.compile(r"https?://[^/\s]+")  # what a browser sends as Origin: no path
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.asynccontextmanager
@@ -125,6 +127,24 @@ async def run_api(
     await server.serve()  # returns once a signal asked it to
 
 
+def rate_options(name: str, rate_help: str, burst_help: str) -> Callable[[F], F]:
+    """``--NAME-rate`` and ``--NAME-burst`` (``PROMPT_OUTBOX_NAME_RATE`` / ``_BURST``): a
+    token bucket per caller (``api/limits.py``), at the defaults of ``RateLimit``."""
+    var = "PROMPT_OUTBOX_" + name.upper().replace("-", "_")
+
+    def option(
+        kind: str, default: float, kinds: click.ParamType[Any], words: str
+    ) -> Callable[[F], F]:
+        flag, env = f"--{name}-{kind}", f"{var}_{kind.upper()}"
+        return click.option(
+            flag, default=default, show_default=True, envvar=env, type=kinds, help=words
+        )
+
+    rate = option("rate", DEFAULT_RATE, click.FloatRange(min=0), rate_help)
+    burst = option("burst", DEFAULT_BURST, click.IntRange(min=1), burst_help)
+    return lambda command: rate(burst(command))
+
+
 @click.command()
 @storage_options
 @durability_options
@@ -172,39 +192,17 @@ async def run_api(
     help="MiB of unread events all event streams of this process may hold (past it, those "
     "holding the most end)",
 )
-@click.option(
-    "--accept-rate",
-    default=DEFAULT_RATE,
-    show_default=True,
-    envvar="PROMPT_OUTBOX_ACCEPT_RATE",
-    type=click.FloatRange(min=0),
-    help="accepts per second one token may sustain, in this process (429 past it; 0: no limit)",
+@rate_options(
+    "accept",
+    "accepts per second one token may sustain, in this process (429 past it; 0: no limit)",
+    "accepts one token may send at once after a quiet spell",
 )
-@click.option(
-    "--accept-burst",
-    default=DEFAULT_BURST,
-    show_default=True,
-    envvar="PROMPT_OUTBOX_ACCEPT_BURST",
-    type=click.IntRange(min=1),
-    help="accepts one token may send at once after a quiet spell",
-)
-@click.option(
-    "--turn-end-rate",
-    default=DEFAULT_RATE,
-    show_default=True,
-    envvar="PROMPT_OUTBOX_TURN_END_RATE",
-    type=click.FloatRange(min=0),
-    help="turn ends per second one token may sustain, in this process, in a bucket apart from "
-    "its accepts; the signed ends share one such bucket, the webhook signer's (429 past it; "
-    "0: no limit)",
-)
-@click.option(
-    "--turn-end-burst",
-    default=DEFAULT_BURST,
-    show_default=True,
-    envvar="PROMPT_OUTBOX_TURN_END_BURST",
-    type=click.IntRange(min=1),
-    help="turn ends one token (or the webhook signer) may send at once after a quiet spell",
+@rate_options(
+    "turn-end",
+    "turn ends per second one token may sustain, in this process, in a bucket apart from its "
+    "accepts; the signed ends share one such bucket, the webhook signer's (429 past it; 0: no "
+    "limit)",
+    "turn ends one token (or the webhook signer) may send at once after a quiet spell",
 )
 @click.option(
     "--metrics-count-interval",
