@@ -27,6 +27,7 @@ import click
 from ..core.errors import InvalidInput
 from ..core.logctx import log_fields
 from ..core.validate import check_unicode
+from .otel import setup_tracing
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
@@ -60,6 +61,38 @@ def context_of(record: logging.LogRecord) -> dict[str, Any]:
 
 def _when(record: logging.LogRecord) -> str:
     return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+
+
+ACCESS_LOGGER = "uvicorn.access"
+REDACTED = "***"
+
+
+class QueryRedaction(logging.Filter):
+    """On uvicorn's access logger: the request's target loses every query value (``***``),
+    its names kept. A stream ticket (``?ticket=``: it opens the workspace's streams for a
+    minute) is the API's one secret in a query, but a client may put any there (a token
+    where a header belongs): no value is judged safe, so none leaks into a log. On the
+    logger, not a handler: every handler (ours, OpenTelemetry's) gets the redacted line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn's record: '%s - "%s %s HTTP/%s" %d' (client, method, target, version, status)
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
+            record.args = (args[0], args[1], redacted_target(args[2]), *args[3:])
+        return True
+
+
+def redacted_target(target: str) -> str:
+    """A request target with every query value replaced by ``***`` (a bare part, which may be
+    the secret itself, as a whole)."""
+    path, mark, query = target.partition("?")
+    if not mark:
+        return target
+    parts = []
+    for part in query.split("&"):
+        name, eq, _ = part.partition("=")
+        parts.append(f"{name}={REDACTED}" if eq else REDACTED if part else "")
+    return f"{path}?{'&'.join(parts)}"
 
 
 class TextFormatter(logging.Formatter):
@@ -114,16 +147,39 @@ def logging_to_stderr(fmt: str = "text", level: str = "info") -> Iterator[None]:
     chatty = [logging.getLogger(name) for name in _CHATTY]
     before = [root.level, *(c.level for c in chatty)]
     number = logging.getLevelName(level.upper())
+    access, redaction = logging.getLogger(ACCESS_LOGGER), QueryRedaction()
     root.addHandler(handler)
     root.setLevel(number)
     for logger in chatty:
         logger.setLevel(max(number, logging.WARNING))
+    access.addFilter(redaction)
+    logging.captureWarnings(True)  # a library's warnings.warn: a record, not a bare line
     try:
         yield
     finally:
+        logging.captureWarnings(False)
+        access.removeFilter(redaction)
         root.removeHandler(handler)
         for logger, was in zip([root, *chatty], before, strict=True):
             logger.setLevel(was)
+
+
+_FORMAT_META = "prompt_outbox.log_format"
+
+
+def said_as_json(ctx: click.Context, failure: click.ClickException) -> bool:
+    """Under ``--log-format json``, a command's failure (a usage error its callback found,
+    Valkey unusable) is one more JSON record on stderr (ERROR, with its ``exit_code``), as
+    every line before it; True when written so (the caller exits with its code). Options
+    click could not parse fail before the format is known: click's own words then."""
+    if ctx.meta.get(_FORMAT_META) != "json":
+        return False
+    record = logging.LogRecord(
+        "prompt_outbox.cli", logging.ERROR, "", 0, failure.format_message(), None, None
+    )
+    record.exit_code = failure.exit_code
+    click.echo(JsonFormatter().format(record), err=True)
+    return True
 
 
 def _check_unicode(command: click.Command, params: dict[str, Any]) -> None:
@@ -144,9 +200,9 @@ def _check_unicode(command: click.Command, params: dict[str, Any]) -> None:
 
 
 def with_logging(command: click.Command) -> click.Command:
-    """``command`` with --log-format and --log-level, logging set up before it runs; and
-    every option with an environment variable shows it in ``--help``. A group: each of its
-    commands."""
+    """``command`` with --log-format and --log-level, logging set up before it runs (then
+    traces, ``cli/otel.py``); and every option with an environment variable shows it in
+    ``--help``. A group: each of its commands."""
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             with_logging(sub)
@@ -177,8 +233,11 @@ def with_logging(command: click.Command) -> click.Command:
 
     @functools.wraps(run)
     def logged(*args: Any, log_format: str, log_level: str, **kwargs: Any) -> Any:
+        click.get_current_context().meta[_FORMAT_META] = log_format
         _check_unicode(command, kwargs)
         with logging_to_stderr(log_format, log_level):
+            # Traces once logging is up: their one warning is a record in the chosen format.
+            setup_tracing()
             return run(*args, **kwargs)
 
     command.callback = logged

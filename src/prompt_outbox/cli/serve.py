@@ -340,12 +340,10 @@ def serve(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if no_auth:
-        click.secho(
-            "WARNING: authentication is DISABLED (--no-auth); loopback only.", fg="red", err=True
-        )
+        log.warning("authentication is DISABLED (--no-auth); loopback only")
     elif exposed := exposure(Path(str(tokens_file))):
         # Not refused (a secret mounted by an orchestrator may come as it comes), but said.
-        click.secho(f"WARNING: the token file {tokens_file}: {exposed}.", fg="red", err=True)
+        log.warning("the token file %s: %s", tokens_file, exposed)
     chosen = build_delivery(**delivery)  # type: ignore[arg-type]
 
     async def main() -> None:
