@@ -959,7 +959,7 @@ export interface operations {
                     "application/json": components["schemas"]["MeOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1047,7 +1047,7 @@ export interface operations {
                     "application/json": components["schemas"]["WorkspacePage"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1135,7 +1135,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1221,7 +1221,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1307,7 +1307,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1402,7 +1402,7 @@ export interface operations {
                     "application/json": components["schemas"]["Ticket"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1494,7 +1494,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1583,7 +1583,7 @@ export interface operations {
                     "application/json": components["schemas"]["SeriesOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1674,7 +1674,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionPage"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1762,7 +1762,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1850,7 +1850,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1954,7 +1954,7 @@ export interface operations {
                     "text/event-stream": unknown;
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2054,7 +2054,7 @@ export interface operations {
                     "application/json": components["schemas"]["HistoryOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2142,7 +2142,7 @@ export interface operations {
                     "application/json": components["schemas"]["EntryList"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2280,7 +2280,7 @@ export interface operations {
                     "application/json": components["schemas"]["Accepted"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2386,7 +2386,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2503,7 +2503,7 @@ export interface operations {
                     "application/json": components["schemas"]["EditedOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2620,7 +2620,7 @@ export interface operations {
                     "application/json": components["schemas"]["Retried"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2735,7 +2735,7 @@ export interface operations {
                     "application/json": components["schemas"]["TurnOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2834,7 +2834,7 @@ export interface operations {
                     "application/json": components["schemas"]["TurnEndOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2897,6 +2897,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description rate_limited: the token (or, for a signed end, the webhook signer) ends more turns a second than its turn-end rate (Retry-After) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
@@ -2931,7 +2940,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3019,7 +3028,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;

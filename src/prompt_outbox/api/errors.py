@@ -67,7 +67,8 @@ class ErrorBody(BaseModel):
 ERROR_WHY = {
     400: f"bad input: an ID not matching {ID_PATTERN} or over {MAX_ID_LENGTH} characters, "
     "a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, "
-    "Infinity or a number past a double's range); "
+    "Infinity or a number past a double's range; any string of a body holding a lone "
+    "surrogate: invalid_input naming the field); "
     "for an accept, an Idempotency-Key that is not a key, or one that differs from "
     "clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, "
     "Transfer-Encoding, Authorization or Idempotency-Key sent twice",
