@@ -10,7 +10,6 @@ query's percent-escapes that are not UTF-8 as U+FFFD, and a header's bytes as La
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
@@ -161,11 +160,18 @@ def test_an_operator_argument_holding_one_is_a_usage_error(server_url: str) -> N
     assert "reason" in done.output and "surrogate" in done.output
 
 
-def test_a_webhook_secret_holding_one_is_a_usage_error(tmp_path: Path) -> None:
-    done = CliRunner().invoke(
-        main,
-        ["serve", "--no-auth", "--webhook-url", "http://127.0.0.1:9/hook"],
-        env={"PROMPT_OUTBOX_WEBHOOK_SECRET": f"s{NOT_UTF8}"},
-    )
+@pytest.mark.parametrize(
+    ("deliverer", "variable"),
+    [
+        (["--webhook-url", "http://127.0.0.1:9/hook"], "PROMPT_OUTBOX_WEBHOOK_SECRET"),
+        (["--opencode-url", "http://127.0.0.1:9"], "OPENCODE_SERVER_PASSWORD"),
+    ],
+)
+def test_a_deliverer_secret_holding_one_is_a_usage_error(
+    deliverer: list[str], variable: str
+) -> None:
+    # (A Valkey nobody listens on: were the variable taken, serve would stop there, exit 1.)
+    args = ["serve", "--no-auth", "--valkey-url", "valkey://127.0.0.1:1", *deliverer]
+    done = CliRunner().invoke(main, args, env={variable: f"s{NOT_UTF8}"})
     assert done.exit_code == 2, done.output
-    assert "PROMPT_OUTBOX_WEBHOOK_SECRET" in done.output and "surrogate" in done.output
+    assert variable in done.output and "surrogate" in done.output

@@ -103,13 +103,10 @@ def build_delivery(
     if webhook_url and opencode:
         raise click.UsageError("choose one deliverer: --webhook-url or --opencode-url/-targets")
     if webhook_url:
-        secret = os.environ.get(webhook_secret_env, "")
+        secret = _variable(webhook_secret_env)
         if not secret:
             raise click.UsageError(f"--webhook-url needs a signing secret in ${webhook_secret_env}")
-        try:  # a byte that is not UTF-8 in the variable: no receiver could sign with it
-            key = check_unicode(f"${webhook_secret_env}", secret).encode()
-        except InvalidInput as exc:
-            raise click.UsageError(str(exc)) from None
+        key = secret.encode()
         hook = WebhookDeliverer(webhook_url, secret=key, verify_url=webhook_verify_url)
         return Delivery(hook, hook.verify if webhook_verify_url else None, hook.aclose, key)
     if opencode:
@@ -122,8 +119,8 @@ def build_delivery(
         except (OSError, ValueError) as exc:
             raise click.UsageError(str(exc)) from None
         # opencode's own basic-auth variables, if its server was started with them.
-        password = os.environ.get("OPENCODE_SERVER_PASSWORD", "")
-        user = os.environ.get("OPENCODE_SERVER_USERNAME", "opencode")
+        password = _variable("OPENCODE_SERVER_PASSWORD")
+        user = _variable("OPENCODE_SERVER_USERNAME", "opencode")
         agent = OpencodeDeliverer(
             targets,
             timeout=opencode_timeout,
@@ -132,3 +129,13 @@ def build_delivery(
         )
         return Delivery(agent, agent.verify, agent.aclose)
     return None
+
+
+def _variable(name: str, default: str = "") -> str:
+    """An environment variable a deliverer reads, as Unicode (``validate.check_unicode``): a
+    byte that is not UTF-8 in it (a secret no receiver could sign with, a password no request
+    could carry) is a usage error naming it."""
+    try:
+        return check_unicode(f"${name}", os.environ.get(name, default))
+    except InvalidInput as exc:
+        raise click.UsageError(str(exc)) from None
