@@ -14,7 +14,7 @@ import httpx
 from click.testing import CliRunner
 
 from prompt_outbox.cli import main
-from prompt_outbox.cli.logs import ContextFilter, JsonFormatter, TextFormatter
+from prompt_outbox.cli.logs import ContextFilter, JsonFormatter, QueryRedaction, TextFormatter
 from prompt_outbox.core.logctx import log_context, log_fields
 from prompt_outbox.storage.client import Client
 from prompt_outbox.storage.shardsub import ShardSubscriber
@@ -172,6 +172,24 @@ def test_the_text_format_prints_the_context_as_key_value() -> None:
     )  # the record's own workspace wins over the bound one
     doc = json.loads(JsonFormatter().format(record))
     assert (doc["message"], doc["workspace"], doc["session"]) == ("sent it", "acme", "chat-1")
+
+
+def test_the_access_line_keeps_no_query_value() -> None:
+    line = '%s - "%s %s HTTP/%s" %d'
+    target = "/v1/workspaces/acme/events?ticket=eyJ3.sig&access_token=s3cret&bare-secret&"
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        "",
+        0,
+        line,
+        ("127.0.0.1:5", "GET", target, "1.1", 200),
+        None,
+    )
+    assert QueryRedaction().filter(record)
+    said = TextFormatter().format(record)
+    assert "/v1/workspaces/acme/events?ticket=***&access_token=***&***& HTTP/1.1" in said
+    assert not any(secret in said for secret in ("eyJ3", "s3cret", "bare-secret"))
 
 
 async def test_the_shared_subscriptions_log_under_no_requests_id(client: Client) -> None:

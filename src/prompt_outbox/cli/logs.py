@@ -17,6 +17,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -67,32 +68,34 @@ ACCESS_LOGGER = "uvicorn.access"
 REDACTED = "***"
 
 
+# A request target's query in a line: from its "?" to the space or quote that ends the target.
+_QUERY = re.compile(r"\?[^\s\"]*")
+
+
 class QueryRedaction(logging.Filter):
     """On uvicorn's access logger: the request's target loses every query value (``***``),
     its names kept. A stream ticket (``?ticket=``: it opens the workspace's streams for a
     minute) is the API's one secret in a query, but a client may put any there (a token
     where a header belongs): no value is judged safe, so none leaks into a log. On the
-    logger, not a handler: every handler (ours, OpenTelemetry's) gets the redacted line."""
+    logger, not a handler: every handler (ours, OpenTelemetry's) gets the redacted line. It
+    reads the line as rendered, not uvicorn's arguments, so no change of their shape lets a
+    query through."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        # uvicorn's record: '%s - "%s %s HTTP/%s" %d' (client, method, target, version, status)
-        args = record.args
-        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
-            record.args = (args[0], args[1], redacted_target(args[2]), *args[3:])
+        line = record.getMessage()
+        if "?" in line:
+            record.msg, record.args = _QUERY.sub(lambda m: redacted_query(m.group()), line), ()
         return True
 
 
-def redacted_target(target: str) -> str:
-    """A request target with every query value replaced by ``***`` (a bare part, which may be
-    the secret itself, as a whole)."""
-    path, mark, query = target.partition("?")
-    if not mark:
-        return target
+def redacted_query(query: str) -> str:
+    """``?a=1&b`` as ``?a=***&***``: every value replaced, and a bare part (which may be the
+    secret itself) as a whole."""
     parts = []
-    for part in query.split("&"):
+    for part in query[1:].split("&"):
         name, eq, _ = part.partition("=")
         parts.append(f"{name}={REDACTED}" if eq else REDACTED if part else "")
-    return f"{path}?{'&'.join(parts)}"
+    return "?" + "&".join(parts)
 
 
 class TextFormatter(logging.Formatter):
@@ -201,8 +204,8 @@ def _check_unicode(command: click.Command, params: dict[str, Any]) -> None:
 
 def with_logging(command: click.Command) -> click.Command:
     """``command`` with --log-format and --log-level, logging set up before it runs (then
-    traces, ``cli/otel.py``); and every option with an environment variable shows it in
-    ``--help``. A group: each of its commands."""
+    traces, ``cli/otel.py``), its text parameters checked as Unicode first; and every option
+    with an environment variable shows it in ``--help``. A group: each of its commands."""
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             with_logging(sub)
