@@ -65,6 +65,7 @@ def test_the_default_limit_is_on(outbox: Outbox) -> None:
     # create_app with no accept_rate is limited (the safe default), and so is serve.
     app = create_app(outbox, TOKENS)
     assert app.state.accept_rates.limit == RateLimit()
+    assert app.state.turn_end_rates.limit == RateLimit()  # the end route's own bucket
     assert RateLimit().per_second > 0
     shown = CliRunner().invoke(main, ["serve", "--help"]).output
     assert f"default: {RateLimit().per_second};" in " ".join(shown.split())
