@@ -23,11 +23,13 @@ from prompt_outbox import Entry, Outbox, Status, Verdict
 from prompt_outbox.core.errors import AmbiguousError
 from prompt_outbox.deliver import OpencodeDeliverer, WebhookDeliverer, template_targets
 from prompt_outbox.deliver.answer import (
+    DETAIL_CHARS,
     AnswerTimeout,
     KiB,
     MalformedAnswer,
     MiB,
     bounded_request,
+    plain_detail,
 )
 from prompt_outbox.deliver.opencode import ABORT_ANSWER_BYTES, SEND_ANSWER_BYTES, message_id
 from prompt_outbox.deliver.webhook import SEND_ANSWER_BYTES as HOOK_SEND_BYTES
@@ -102,7 +104,8 @@ async def test_a_5xx_with_a_200_mb_body_is_ambiguous_with_its_first_bytes_as_det
     assert await manual_outbox.deliver_once(WS, SES, hook(agent, counted, manual_outbox))
     [e] = await manual_outbox.list(WS, SES)
     assert e.status is Status.VERIFYING
-    assert e.last_error == "webhook answered 500: boom: " + "x" * 194
+    # Cut to DETAIL_CHARS, the last an ellipsis.
+    assert e.last_error == "webhook answered 500: boom: " + "x" * 193 + "\u2026"
     assert_bounded(agent, counted[1], HOOK_SEND_BYTES)
 
 
@@ -151,7 +154,7 @@ async def test_a_compressed_error_answer_is_not_decompressed(
     assert await manual_outbox.deliver_once(WS, SES, hook(agent, counted, manual_outbox))
     [e] = await manual_outbox.list(WS, SES)
     assert e.status is Status.VERIFYING
-    assert e.last_error == "webhook answered 503: <gzip-encoded answer, not decompressed>"
+    assert e.last_error == "webhook answered 503: (gzip-encoded answer, not decompressed)"
     assert counted[1].read <= HOOK_SEND_BYTES + CHUNK
 
 
@@ -241,7 +244,8 @@ async def test_opencode_5xx_with_a_huge_body_is_ambiguous(
     await manual_outbox.accept(WS, SES, "u", "c1", "hello")
     assert await manual_outbox.deliver_once(WS, SES, opencode(agent, counted, manual_outbox))
     [e] = await manual_outbox.list(WS, SES)
-    assert (e.status, e.last_error) == (Status.VERIFYING, "opencode answered 500: {" + "y" * 299)
+    detail = "{" + "y" * (DETAIL_CHARS - 2) + "\u2026"
+    assert (e.status, e.last_error) == (Status.VERIFYING, "opencode answered 500: " + detail)
     assert_bounded(agent, counted[1], SEND_ANSWER_BYTES)
 
 
@@ -361,3 +365,27 @@ async def test_json_of_what_was_read_is_whole_or_malformed(
     answer = await bounded_request(counted[0], "GET", agent.url + "/j", limit=4 * KiB, deadline=10)
     with pytest.raises(MalformedAnswer, match=why):
         answer.json()
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ('{"error": "bad token"}', '{"error": "bad token"}'),  # JSON and plain text stay
+        ("a < b, and\r\n\tc > d", "a < b, and c > d"),
+        (
+            "<p>You need to <b>sign&nbsp;in</b>.</p><!-- secret --><p>Again",
+            "You need to sign in. Again",
+        ),
+        ('<html><body><h1>Forbidden</h1><div class="long', "Forbidden"),  # cut at the bound
+        ("&lt;script&gt;alert(1)&lt;/script&gt;ok", "ok"),  # markup spelled in entities
+        ("tab\x00nul\x1b[0m\u200bzero\u2028line", "tab nul [0m zero line"),
+    ],
+)
+def test_an_agent_body_becomes_one_line_of_plain_words(body: str, detail: str) -> None:
+    assert plain_detail(body) == detail
+
+
+def test_a_detail_is_cut_to_its_bound() -> None:
+    cut = plain_detail("<p>" + "word " * 100 + "</p>")
+    assert len(cut) == DETAIL_CHARS and cut.endswith("\u2026")
+    assert plain_detail("x" * DETAIL_CHARS) == "x" * DETAIL_CHARS

@@ -17,7 +17,7 @@ from prompt_outbox.api import RateLimit, create_app
 from prompt_outbox.api.auth import Principal
 from prompt_outbox.api.errors import ApiError
 from prompt_outbox.api.health import EntryCounts
-from prompt_outbox.api.limits import AcceptRates
+from prompt_outbox.api.limits import Rates
 from prompt_outbox.cli import main
 from prompt_outbox.storage.client import Client
 from tests.support.api import ALICE, TOKENS, URL, samples, serve
@@ -65,6 +65,7 @@ def test_the_default_limit_is_on(outbox: Outbox) -> None:
     # create_app with no accept_rate is limited (the safe default), and so is serve.
     app = create_app(outbox, TOKENS)
     assert app.state.accept_limits.rates.limit == RateLimit()
+    assert app.state.turn_end_rates.limit == RateLimit()  # the end route's own bucket
     assert RateLimit().per_second > 0
     shown = CliRunner().invoke(main, ["serve", "--help"]).output
     assert f"default: {RateLimit().per_second};" in " ".join(shown.split())
@@ -72,7 +73,7 @@ def test_the_default_limit_is_on(outbox: Outbox) -> None:
 
 def test_the_bucket_refills_at_the_rate() -> None:
     now = [100.0]
-    rates = AcceptRates(RateLimit(per_second=2, burst=2), clock=lambda: now[0])
+    rates = Rates(RateLimit(per_second=2, burst=2), "prompts", clock=lambda: now[0])
     alice = Principal("alice", frozenset({"acme"}))
     rates.take(alice)
     rates.take(alice)
@@ -91,7 +92,7 @@ def test_the_bucket_refills_at_the_rate() -> None:
 
 
 def test_zero_means_no_limit() -> None:
-    rates = AcceptRates(RateLimit(per_second=0, burst=1))
+    rates = Rates(RateLimit(per_second=0, burst=1), "prompts")
     alice = Principal("alice", frozenset({"acme"}))
     for _ in range(10_000):
         rates.take(alice)

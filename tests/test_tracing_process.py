@@ -140,6 +140,36 @@ def test_without_opentelemetry_nothing_is_imported_and_delivery_goes_on(
     assert "pip install 'prompt-outbox[otel]'" in said  # asked for: says why there are none
 
 
+# A command run without OpenTelemetry's extra, asked for traces, in JSON logs.
+WITHOUT_EXTRA = """
+import os, sys
+
+class Block:
+    prefixes = ["opentelemetry.sdk", "opentelemetry.distro", "opentelemetry.exporter"]
+    def find_spec(self, name, path=None, target=None):
+        if any(name == p or name.startswith(p + ".") for p in self.prefixes):
+            raise ModuleNotFoundError(f"blocked: {name}", name=name)
+        return None
+
+sys.meta_path.insert(0, Block())
+os.environ["OTEL_TRACES_EXPORTER"] = "console"
+from prompt_outbox.cli import main
+main(["openapi", "--log-format", "json"])
+"""
+
+
+def test_the_missing_extra_is_a_log_record_in_the_chosen_format() -> None:
+    # It was a plain line written before any command set its logging up.
+    r = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRA], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stderr.splitlines()]
+    [warned] = [x for x in lines if "pip install 'prompt-outbox[otel]'" in x["message"]]
+    assert warned["level"] == "WARNING"
+    assert json.loads(r.stdout)["openapi"]  # the command ran, without traces
+
+
 # A library whose application sets the global tracer provider after building its Outbox, and
 # accepts outside any span: the prompt's trace begins at the accept and its delivery joins it.
 LIBRARY = """

@@ -18,10 +18,11 @@ import httpx
 import pytest
 
 from prompt_outbox import Outbox
-from prompt_outbox.api import TokenTable
+from prompt_outbox.api import RateLimit, TokenTable
 from prompt_outbox.core.callbacks import Turn
 from prompt_outbox.core.entry import Entry
 from prompt_outbox.embedded import free_port
+from prompt_outbox.storage.client import Client
 from prompt_outbox.webhook import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
@@ -31,7 +32,7 @@ from prompt_outbox.webhook import (
 )
 from tests.support.agent import SECRET as HOOK_SECRET
 from tests.support.agent import Agent
-from tests.support.api import ALICE, TOKENS, serve
+from tests.support.api import ALICE, OPS, TOKENS, serve
 from tests.support.serve import service, wait_healthy
 from tests.support.waiting import within
 
@@ -164,8 +165,9 @@ async def test_who_may_end_a_turn(outbox: Outbox) -> None:
         assert refusal(await http.post(path, headers=BOB)) == (403, "forbidden")
         r = await http.post(path, headers=signed("t"))
         assert refusal(r) == (401, "unauthorized") and "webhook secret" in r.json()["detail"]
-        unheld = turn_end_path(WS, SES, "u")  # (an end of "t" now would be kept for its claim)
-        assert refusal(await http.post(unheld, headers=ALICE)) == (404, "turn_not_found")
+        # Not held yet, and no send in flight: nothing is kept for a claim, so the turn
+        # held next is held (an end kept here would have let its claim hold none).
+        assert refusal(await http.post(path, headers=ALICE)) == (404, "turn_not_found")
         await hold_turn(outbox, "t")
         assert (await http.post(path, headers=ALICE)).status_code == 200
 
@@ -223,12 +225,80 @@ async def test_no_auth_serves_loopback_only_for_the_end_route_too(outbox: Outbox
         assert refusal(await http.post(path)) == (404, "turn_not_found")
 
 
+async def test_ends_for_sessions_that_never_existed_leave_no_key(
+    outbox: Outbox, client: Client
+) -> None:
+    # An end kept "for its claim" for any session name was a key a minute per request.
+    async for http in http_for(outbox, turn_end_rate=RateLimit(0)):
+        # The first request writes the store's format mark (outboxformat): counted after it.
+        await http.post(turn_end_path(WS, "ghost", "t"), headers=ALICE)
+        before = await client.dbsize()
+        for n in range(300):
+            r = await http.post(turn_end_path(WS, f"ghost-{n}", "t"), headers=ALICE)
+            assert refusal(r) == (404, "turn_not_found")
+        assert await client.dbsize() == before
+        assert not [k async for k in client.scan_iter(match="outboxturnend:*")]
+
+
+async def test_an_end_that_outruns_its_claim_over_the_route_is_honoured(
+    api: httpx.AsyncClient, outbox: Outbox
+) -> None:
+    # The receiver ends its turn before its answer reached the worker: a send in flight, so
+    # the end is kept, and the claim holds no turn; the next prompt goes at once.
+    first = await outbox.accept(WS, SES, "u", "c1", "A")
+    await outbox.accept(WS, SES, "u", "c2", "B")
+    answers: list[int] = []
+
+    async def deliverer(ws: str, ses: str, entry: Entry) -> Turn:
+        if entry.id == first.id:
+            r = await api.post(turn_end_path(ws, ses, "turn-A"), headers=signed("turn-A"))
+            answers.append(r.status_code)
+        return Turn(f"turn-{entry.text}")
+
+    assert await outbox.deliver_once(WS, SES, deliverer)
+    assert answers == [404]  # not held yet: kept for the claim
+    assert await outbox.turn(WS, SES) is None  # ...which then held none
+    assert [e.text for e in await outbox.list(WS, SES)] == ["B"]
+    assert await outbox.deliver_once(WS, SES, deliverer)  # B goes without waiting
+    found = await outbox.turn(WS, SES)
+    assert found is not None and found.turn == "turn-B"
+
+
+async def test_a_burst_of_ends_past_the_rate_is_429_per_caller(outbox: Outbox) -> None:
+    slow = RateLimit(per_second=0.01, burst=3)
+    async for http in http_for(outbox, webhook_secret=SECRET, turn_end_rate=slow):
+        path = turn_end_path(WS, SES, "t")
+        for _ in range(3):
+            assert refusal(await http.post(path, headers=ALICE)) == (404, "turn_not_found")
+        refused = await http.post(path, headers=ALICE)
+        assert refusal(refused) == (429, "rate_limited"), refused.text
+        assert int(refused.headers["Retry-After"]) >= 1
+        # Another token, the signer, and the same token's accepts each have their own bucket.
+        assert refusal(await http.post(path, headers=OPS)) == (404, "turn_not_found")
+        accepted = await http.post(
+            f"/v1/workspaces/{WS}/sessions/{SES}/prompts",
+            json={"clientMessageID": "c1", "text": "x"},
+            headers=ALICE,
+        )
+        assert accepted.status_code == 202, accepted.text
+        # A signature that does not verify spends nothing: the signer still has its three.
+        forged = signed("t") | {SIGNATURE_HEADER: "v2=" + "0" * 64}
+        for _ in range(5):
+            assert refusal(await http.post(path, headers=forged)) == (401, "bad_signature")
+        for _ in range(3):
+            assert refusal(await http.post(path, headers=signed("t"))) == (404, "turn_not_found")
+        refused = await http.post(path, headers=signed("t"))
+        assert refusal(refused) == (429, "rate_limited") and "signer" in refused.json()["detail"]
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert refusal(await http.post(path, headers=OPS)) == (404, "turn_not_found")
+
+
 def test_the_route_is_in_the_openapi(outbox: Outbox) -> None:
     from prompt_outbox.api import create_app
 
     doc = create_app(outbox, TOKENS).openapi()
     route = doc["paths"]["/v1/workspaces/{ws}/sessions/{ses}/turns/{turn}/end"]["post"]
-    assert set(route["responses"]) >= {"200", "400", "401", "403", "404"}
+    assert set(route["responses"]) >= {"200", "400", "401", "403", "404", "429"}
     assert "turn_not_found" in route["responses"]["404"]["description"]
     turn = next(p for p in route["parameters"] if p["name"] == "turn")
     assert turn["schema"]["maxLength"] == 200

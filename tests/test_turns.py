@@ -366,3 +366,40 @@ async def test_a_retried_claim_keeps_a_turn_that_ended_early_ended(client: Clien
         )
         assert claimed.ended_early
         assert await store.turns.lock_value(k) == "tok:1"  # our token, not the turn
+
+
+async def test_an_early_end_is_kept_only_while_a_send_is_in_flight(client: Client) -> None:
+    # An end that names no held turn is kept for the claim of a send in flight, the only claim
+    # it can be for. Any other session (never seen, idle with a queue, locked with nothing
+    # staged, held in another turn) gets no key: an end per invented session name cost one.
+    outbox = Outbox(client, TURNS)
+    store = outbox._store
+    now = 1_800_000_000_000
+
+    async def kept(ses: str, turn: str) -> bool:
+        assert await outbox.end_turn(WS, ses, turn) == TurnEnd(False)
+        return bool(await client.exists(SessionKeys(WS, ses).early_end))
+
+    assert not await kept("never-seen", "t")
+    await outbox.accept(WS, "idle", "u", "c1", "A")
+    assert not await kept("idle", "t")  # queued, nothing sent
+    locked = SessionKeys(WS, "locked")
+    await outbox.accept(WS, "locked", "u", "c1", "A")
+    got = await store.acquire(locked, "tok:1", 30_000, now)
+    assert got.entries
+    assert not await kept("locked", "t")  # a worker holds it, nothing staged yet
+    staged = replace(decode_entry(got.entries[0]), status=Status.DELIVERING).to_json()
+    assert await store.stage(locked, "tok:1", got.entries[0], staged) is Write.OK
+    assert await kept("locked", "t")  # in flight: kept for its claim
+    entry = await outbox.accept(WS, "held", "u", "c1", "A")
+    held = SessionKeys(WS, "held")
+    got = await store.acquire(held, "tok:2", 30_000, now)
+    staged = replace(decode_entry(got.entries[0]), status=Status.DELIVERING).to_json()
+    assert await store.stage(held, "tok:2", got.entries[0], staged) is Write.OK
+    value = TurnHold("t1", entry.id, now, now + 60_000).encode()
+    claimed = await store.complete(
+        held, staged, entry.id, "tok:2", now, 0, 0, value, 60_000, "", "t1"
+    )
+    assert not claimed.ended_early and await outbox.turn(WS, "held") is not None
+    assert not await kept("held", "t2")  # held in another turn: no send in flight
+    assert (await outbox.end_turn(WS, "held", "t1")).ended

@@ -114,8 +114,25 @@ async def every_transition(
                 break
     finally:
         outbox._engine.turns.owner = ""
-    await outbox.end_turn(ws, ses, "not-held-yet")  # an early end, kept for its claim
     await look()
+    held = await outbox.turn(ws, ses)
+    assert held is not None
+    assert (await outbox.end_turn(ws, ses, held.turn)).ended
+
+    # An end that outruns its send's claim, kept while that send is in flight.
+    early: list[bool] = []
+
+    async def outrun_agent(w: str, s: str, entry: Entry) -> None:
+        await outbox.end_turn(w, s, "not-held-yet")
+        await look()
+        early.append(True)
+
+    await outbox.accept(ws, ses, "u", "e", "an early end")
+    for _ in range(9):
+        await outbox.deliver_once(ws, ses, outrun_agent)
+        if early:
+            break
+    assert early
     return seen
 
 

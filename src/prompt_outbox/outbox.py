@@ -32,6 +32,7 @@ from .core.validate import (
     WhileBusy,
     check_model,
     check_text,
+    check_unicode,
     check_user_id,
     check_while_busy,
     payload_fingerprint,
@@ -364,8 +365,10 @@ class Outbox:
 
     async def end_turn(self, workspace_id: str, session_id: str, turn_id: str) -> TurnEnd:
         """End the session's turn of that ID (docs/design.md, "Turns"): its next entry is then sent.
-        ``ended`` False when it holds no such turn (unknown, or over: a second call is fine)."""
-        return await self._engine.turns.end(session_keys(workspace_id, session_id), turn_id)
+        ``ended`` False when it holds no such turn (unknown, or over: a second call is fine).
+        InvalidInput for a turn ID that is not Unicode (a lone surrogate): no turn has one."""
+        k = session_keys(workspace_id, session_id)
+        return await self._engine.turns.end(k, check_unicode("turn ID", turn_id))
 
     async def turn(self, workspace_id: str, session_id: str) -> TurnInfo | None:
         """The session's turn, if it is held in one (its ID, entry, how long, why); else None."""

@@ -14,10 +14,16 @@ from tests.support.serve import BIN, wait_healthy
 
 
 @contextmanager
-def logged_service(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
-    """``serve`` with its stderr in ``log``; its port. Stopped by SIGTERM at the end."""
+def logged_service(
+    args: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    auth: tuple[str, ...] = ("--no-auth",),
+) -> Iterator[int]:
+    """``serve`` with its stderr in ``log``; its port. Stopped by SIGTERM at the end.
+    ``auth``: how it lets requests in (``--tokens FILE``, or none)."""
     port = free_port()
-    argv = [BIN, "serve", "--no-auth", "--port", str(port), *args]
+    argv = [BIN, "serve", *auth, "--port", str(port), *args]
     with (
         log.open("wb") as err,
         process_group(argv, {**os.environ, **(env or {})}, stderr=err) as proc,

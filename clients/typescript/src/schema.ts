@@ -1013,7 +1013,7 @@ export interface operations {
                     "application/json": components["schemas"]["MeOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1101,7 +1101,7 @@ export interface operations {
                     "application/json": components["schemas"]["WorkspacePage"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1189,7 +1189,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1275,7 +1275,7 @@ export interface operations {
                     "application/json": components["schemas"]["BudgetOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1361,7 +1361,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1447,7 +1447,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1542,7 +1542,7 @@ export interface operations {
                     "application/json": components["schemas"]["Ticket"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1634,7 +1634,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1723,7 +1723,7 @@ export interface operations {
                     "application/json": components["schemas"]["SeriesOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1814,7 +1814,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionPage"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1902,7 +1902,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1990,7 +1990,7 @@ export interface operations {
                     "application/json": components["schemas"]["BulkOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2094,7 +2094,7 @@ export interface operations {
                     "text/event-stream": unknown;
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2194,7 +2194,7 @@ export interface operations {
                     "application/json": components["schemas"]["HistoryOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2282,7 +2282,7 @@ export interface operations {
                     "application/json": components["schemas"]["EntryList"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2420,7 +2420,7 @@ export interface operations {
                     "application/json": components["schemas"]["Accepted"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2526,7 +2526,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2643,7 +2643,7 @@ export interface operations {
                     "application/json": components["schemas"]["EditedOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2760,7 +2760,7 @@ export interface operations {
                     "application/json": components["schemas"]["Retried"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2875,7 +2875,7 @@ export interface operations {
                     "application/json": components["schemas"]["TurnOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2974,7 +2974,7 @@ export interface operations {
                     "application/json": components["schemas"]["TurnEndOut"];
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3037,6 +3037,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description rate_limited: the token (or, for a signed end, the webhook signer) ends more turns a second than its turn-end rate (Retry-After) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
@@ -3071,7 +3080,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3159,7 +3168,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
+            /** @description bad input: an ID not matching ^\.*[A-Za-z0-9_-][A-Za-z0-9._-]*$ or over 128 characters, a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, Infinity or a number past a double's range; any string of a body holding a lone surrogate: invalid_input naming the field); for an accept, an Idempotency-Key that is not a key, or one that differs from clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, Transfer-Encoding, Authorization or Idempotency-Key sent twice */
             400: {
                 headers: {
                     [name: string]: unknown;

@@ -22,7 +22,7 @@ from .errors import EXCEPTION_HANDLERS
 from .fast import AcceptFastPath
 from .guard import RequestGuard
 from .health import DEFAULT_COUNT_INTERVAL, EntryCounts
-from .limits import DEFAULT_TOKEN_SHARE, AcceptLimits, AcceptRates, RateLimit, TokenBudgets
+from .limits import DEFAULT_TOKEN_SHARE, AcceptLimits, RateLimit, Rates, TokenBudgets
 from .requestid import RequestID
 from .streams import StreamGate, StreamLimits
 from .ui import mount_ui
@@ -37,6 +37,7 @@ def create_app(
     cors_origins: Sequence[str] = (),
     accept_rate: RateLimit | None = None,
     token_budget_share: float = DEFAULT_TOKEN_SHARE,
+    turn_end_rate: RateLimit | None = None,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
     request_deadline: float | None = None,
     api_docs: bool = False,
@@ -47,10 +48,11 @@ def create_app(
     answers hold for their clients (per process, per token: ``answers.py``); ``cors_origins``
     are the origins (``https://app.example``) whose pages may call it from a browser;
     ``accept_rate`` bounds the accepts per second of each token (``RateLimit()``'s defaults
-    when None; ``RateLimit(0)`` for none); ``token_budget_share`` the share of Valkey's memory
-    the workspaces of one token may hold together (``limits.TokenBudgets``);
-    ``count_interval`` is how often, at most, ``/metrics`` counts the entries by status
-    (seconds; 0: never); ``request_deadline`` bounds the seconds
+    when None; ``RateLimit(0)`` for none); ``turn_end_rate`` the turn ends per second of each
+    token, and of the webhook signer for all signed ends (a bucket apart; the same defaults);
+    ``token_budget_share`` the share of Valkey's memory the workspaces of one token may hold
+    together (``limits.TokenBudgets``); ``count_interval`` is how often, at most, ``/metrics``
+    counts the entries by status (seconds; 0: never); ``request_deadline`` bounds the seconds
     until a request's answer starts, its body included (503 past it, 408 if the body is what
     is late; ``deadline.request_deadline_for``);
     ``api_docs`` serves Swagger UI and ReDoc at ``/docs`` and ``/redoc`` (off by default:
@@ -77,13 +79,14 @@ def create_app(
     app.state.answers = AnswerBuffers(answers or AnswerLimits(), outbox.metrics)
     # Each accept, edit and client's retry: the token's rate and its byte budget.
     app.state.accept_limits = AcceptLimits(
-        AcceptRates(accept_rate or RateLimit()),
+        Rates(accept_rate or RateLimit(), "prompts"),
         TokenBudgets(
             token_budget_share,
             outbox.tunables.workspace_budget_share,
             outbox.tunables.memory_check_interval,
         ),
     )
+    app.state.turn_end_rates = Rates(turn_end_rate or RateLimit(), "turn ends")  # an end takes one
     # /metrics: its gauges' counts
     app.state.entry_counts = EntryCounts(outbox.overview.fleet_counts, count_interval)
     routers = (

@@ -33,6 +33,7 @@ from ..core.errors import (
     WorkspaceFull,
 )
 from ..core.keys import ID_PATTERN, MAX_ID_LENGTH, check_id
+from ..core.validate import check_unicode
 from ..storage.store import UNAVAILABLE
 from .params import PATH_IDS
 
@@ -66,7 +67,8 @@ class ErrorBody(BaseModel):
 ERROR_WHY = {
     400: f"bad input: an ID not matching {ID_PATTERN} or over {MAX_ID_LENGTH} characters, "
     "a body that is not JSON (NaN and Infinity are not), bad values (a model holding NaN, "
-    "Infinity or a number past a double's range); "
+    "Infinity or a number past a double's range; any string of a body holding a lone "
+    "surrogate: invalid_input naming the field); "
     "for an accept, an Idempotency-Key that is not a key, or one that differs from "
     "clientMessageID; duplicate_header: Host, Origin, Content-Type, Content-Length, "
     "Transfer-Encoding, Authorization or Idempotency-Key sent twice",
@@ -206,13 +208,20 @@ async def _storage_down(_: Request, exc: Exception) -> Response:
 
 
 async def _invalid_request(_: Request, exc: RequestValidationError) -> Response:
-    """A path ID off its pattern is the library's invalid_id (400); anything else pydantic
+    """A path ID off its pattern is the library's invalid_id (400), and so is a string that
+    is not Unicode (a lone surrogate: ``validate.check_unicode``); anything else pydantic
     refused is a 422 with its own error list."""
     for err in exc.errors():
         loc = tuple(err.get("loc", ()))
         if len(loc) == 2 and loc[0] == "path" and loc[1] in PATH_IDS:
             problem = _id_problem(PATH_IDS[loc[1]], err.get("input"))
             return error_response(400, InvalidId.code, problem)
+        if err.get("type") == "string_unicode":  # a lone surrogate: the library's rule, a 400
+            field = ".".join(str(part) for part in loc[1:]) or "the body"
+            try:
+                check_unicode(field, err.get("input"))
+            except InvalidInput as bad:
+                return error_response(400, bad.code, str(bad))
     # What was wrong and where, never the input itself: it is the caller's own (and a NaN in
     # it would make this very answer unencodable: a 500).
     problems = [{k: err[k] for k in ("type", "loc", "msg") if k in err} for err in exc.errors()]

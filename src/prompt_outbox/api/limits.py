@@ -1,11 +1,18 @@
-"""What a token's writes may cost: its accept rate (a token bucket for each bearer token, in
-this process) and its byte budget (what its workspaces hold together in Valkey).
+"""The rates and byte budgets per token: a token bucket for each bearer token, in this
+process, for each route that makes the process work per request (the accept and the edit
+share one; the turn end has its own), and a byte budget over the workspaces a token may
+write to (what they hold together in Valkey).
 
 The per-session cap and the workspace quota bound what a token can make Valkey HOLD; this
 bounds how fast it can make the process WORK (each accept is a script, an fsync and, with a
 replica, a WAITAOF). Past it an accept is answered 429 ``rate_limited`` with the seconds until
 the bucket holds a token again in ``Retry-After``, before its body is parsed, so a flood costs
 the process a dictionary lookup per request. A replay (same key) counts like any accept.
+
+A turn end (``api/turns.py``) is a script per request; its bucket is its own, so a client
+ending turns never spends its accepts, nor the reverse. A signed end carries no token: its
+signer, the webhook receiver (one secret, one signer), has one bucket for every signed end
+(``SIGNER``), taken only once the signature verified, so nobody without the secret can spend it.
 
 The buckets live in the process: with N ``serve`` replicas behind a balancer, a token may send
 up to N times the rate. That is the price of no extra Valkey round trip per accept; the
@@ -24,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -36,15 +43,16 @@ from .errors import FULL_RETRY_AFTER, ApiError
 from .params import OutboxDep, WorkspaceId
 
 DEFAULT_RATE = 50.0
-"""Accepts per second one token may sustain: far above what a person types, low enough that
-one runaway client cannot take every worker's share (docs/security.md)."""
+"""Accepts (and, in a bucket apart, turn ends) per second one token may sustain: far above
+what a person types, low enough that one runaway client cannot take every worker's share
+(docs/security.md)."""
 DEFAULT_BURST = 200
 """Accepts one token may send at once after a quiet spell (a phone flushing its outbox)."""
 
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """``per_second`` accepts a token may sustain, up to ``burst`` at once. 0: no limit."""
+    """``per_second`` requests a token may sustain, up to ``burst`` at once. 0: no limit."""
 
     per_second: float = DEFAULT_RATE
     burst: int = DEFAULT_BURST
@@ -56,18 +64,28 @@ class RateLimit:
             raise ValueError(f"RateLimit.burst must be a whole number >= 1, got {self.burst!r}")
 
 
-class AcceptRates:
-    """One token bucket per caller; ``take`` spends one accept or refuses it (429)."""
+SIGNER = "the webhook signer"
+"""The bucket of the signed turn ends: none carries a token, and one secret signs them all."""
 
-    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic) -> None:
+
+class Rates:
+    """One token bucket per caller; ``take`` spends one request or refuses it (429).
+    ``work``: what a request is, for the refusal's words ("prompts", "turn ends")."""
+
+    def __init__(
+        self, limit: RateLimit, work: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limit = limit
+        self.work = work
         self._clock = clock
-        # Principal -> (tokens left, when counted). One row per token of the token file (or
-        # the one --no-auth principal): bounded by the file, not by the requests.
-        self._buckets: dict[Principal, tuple[float, float]] = {}
+        # Caller (a Principal, or SIGNER) -> (tokens left, when counted). One row per token of
+        # the token file (or the one --no-auth principal), and the signer: bounded by the
+        # file, not by the requests.
+        self._buckets: dict[Hashable, tuple[float, float]] = {}
 
-    def take(self, caller: Principal) -> None:
-        """Spend one accept of ``caller``'s bucket; ApiError 429 with Retry-After when empty."""
+    def take(self, caller: Hashable, who: str = "this token") -> None:
+        """Spend one request of ``caller``'s bucket; ApiError 429 with Retry-After when empty.
+        ``who``: the caller, as the refusal names it."""
         rate = self.limit.per_second
         if rate == 0:
             return
@@ -81,7 +99,7 @@ class AcceptRates:
             raise ApiError(
                 429,
                 "rate_limited",
-                f"this token sends more than {rate:g} prompts a second (bursts of "
+                f"{who} sends more than {rate:g} {self.work} a second (bursts of "
                 f"{self.limit.burst}): retry after {wait} s",
                 headers={"Retry-After": str(wait)},
             )
@@ -159,7 +177,7 @@ class AcceptLimits:
     """What a token's write (an accept, an edit, a client's retry) must pass first: its
     accept rate, then its byte budget (``TokenBudgets``)."""
 
-    def __init__(self, rates: AcceptRates, budgets: TokenBudgets) -> None:
+    def __init__(self, rates: Rates, budgets: TokenBudgets) -> None:
         self.rates, self.budgets = rates, budgets
 
     async def admit(self, caller: Principal, ws: str, overview: Overview) -> None:

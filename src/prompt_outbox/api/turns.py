@@ -17,6 +17,12 @@ The turn ID is the path's last segment but one, percent-encoded (any printable c
 does not hold (an unknown ID, one that ended already: an end sent again, or one no turn can
 have: a character that is not printable) is 404 ``turn_not_found``. The route reads no body
 (a body sent anyway passes the guard's rules: JSON, within ``guard.SMALL_BODY_BYTES``).
+
+Each caller's ends are rated (``limits.Rates``, 429 ``rate_limited`` with Retry-After): a
+token's in a bucket of its own, apart from its accepts; the signed ends in one bucket, the
+signer's (one secret, one signer). An end that names no held turn is kept for a claim to come
+only while the session has a send in flight (turn_end.lua), so no caller makes a key per
+session name it invents.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from ..core.signature import (
 )
 from .auth import Caller, principal
 from .errors import ERROR_WHY, ApiError, ErrorBody, errors
+from .limits import SIGNER, Rates
 from .models import TurnEndOut, TurnOut
 from .params import OutboxDep, SessionId, WorkspaceId
 from .prompts import SESSION
@@ -90,9 +97,13 @@ def _not_held(turn: str) -> ApiError:
 
 async def turn_ender(request: Request) -> None:
     """Who may end the turn: the webhook's signature when one is sent, else a token scoped to
-    the workspace (401 / 403). Reads the raw path, as ``auth.principal`` does."""
+    the workspace (401 / 403); then that caller's turn-end rate (429 ``rate_limited``: the
+    token's bucket, or the signer's for every signed end), spent only once it is known, so
+    a request that proves nothing spends nobody's. Reads the raw path, as
+    ``auth.principal`` does."""
+    rates: Rates = request.app.state.turn_end_rates
     if SIGNATURE_HEADER not in request.headers:
-        await principal(request)
+        rates.take(await principal(request))
         return
     params = request.path_params
     # The IDs are the caller's input, not the signature's: a bad one is a 400, said first.
@@ -110,10 +121,16 @@ async def turn_ender(request: Request) -> None:
         verify_turn_end(secret, request.headers, ws, ses, turn)
     except WebhookSignatureError as exc:
         raise ApiError(401, exc.code, str(exc)) from None
+    rates.take(SIGNER, who="the webhook signer")
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     **errors(404),
+    429: {
+        "model": ErrorBody,
+        "description": "rate_limited: the token (or, for a signed end, the webhook signer) "
+        "ends more turns a second than its turn-end rate (Retry-After)",
+    },
     401: {
         "model": ErrorBody,
         "description": ERROR_WHY[401] + "; for a signed end (X-Prompt-Outbox-Signature), "

@@ -7,7 +7,6 @@ import click
 from .admin import cleanup, dismiss, list_prompts, park, retry, stats, unpark
 from .demo import demo
 from .logs import with_logging
-from .otel import setup_tracing
 from .serve import openapi, serve, worker
 from .tokens import tokens
 from .unreachable import Main
@@ -17,8 +16,8 @@ from .unreachable import Main
 @click.version_option(package_name="prompt-outbox")
 def main() -> None:
     """prompt-outbox: a durable outbox for prompts sent to AI-agent sessions."""
-    # Logging is set up by each command (cli/logs.py: --log-format, --log-level).
-    setup_tracing()  # OTEL_* (cli/otel.py): off, and nothing imported, unless asked
+    # Logging is set up by each command (cli/logs.py: --log-format, --log-level), and traces
+    # after it (OTEL_*, cli/otel.py: off, and nothing imported, unless asked).
 
 
 for command in (

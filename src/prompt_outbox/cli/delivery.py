@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from ..core.callbacks import Deliverer, Verifier
+from ..core.errors import InvalidInput
+from ..core.validate import check_unicode
 from ..deliver import OpencodeDeliverer, WebhookDeliverer, load_targets, template_targets
 from ..deliver.opencode import MAX_SERVERS
 
@@ -122,7 +124,7 @@ def build_delivery(
     if webhook_url and opencode:
         raise click.UsageError("choose one deliverer: --webhook-url or --opencode-url/-targets")
     if webhook_url:
-        secret = os.environ.get(webhook_secret_env, "")
+        secret = _variable(webhook_secret_env)
         if not secret:
             raise click.UsageError(f"--webhook-url needs a signing secret in ${webhook_secret_env}")
         key = secret.encode()
@@ -141,8 +143,8 @@ def build_delivery(
         except (OSError, ValueError) as exc:
             raise click.UsageError(str(exc)) from None
         # opencode's own basic-auth variables, if its server was started with them.
-        password = os.environ.get("OPENCODE_SERVER_PASSWORD", "")
-        user = os.environ.get("OPENCODE_SERVER_USERNAME", "opencode")
+        password = _variable("OPENCODE_SERVER_PASSWORD")
+        user = _variable("OPENCODE_SERVER_USERNAME", "opencode")
         agent = OpencodeDeliverer(
             targets,
             timeout=opencode_timeout,
@@ -152,3 +154,13 @@ def build_delivery(
         )
         return Delivery(agent, agent.verify, agent.aclose)
     return None
+
+
+def _variable(name: str, default: str = "") -> str:
+    """An environment variable a deliverer reads, as Unicode (``validate.check_unicode``): a
+    byte that is not UTF-8 in it (a secret no receiver could sign with, a password no request
+    could carry) is a usage error naming it."""
+    try:
+        return check_unicode(f"${name}", os.environ.get(name, default))
+    except InvalidInput as exc:
+        raise click.UsageError(str(exc)) from None

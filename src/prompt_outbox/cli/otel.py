@@ -7,10 +7,13 @@ provider, and ``core/tracing.py`` follows it. Unlike the SDK's default (``otlp``
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import MutableMapping
 
 import click
+
+log = logging.getLogger("prompt_outbox.cli")
 
 SERVICE_NAME = "prompt-outbox"  # OTEL_SERVICE_NAME when it is not set
 
@@ -32,11 +35,10 @@ def setup_tracing(environ: MutableMapping[str, str] = os.environ) -> bool:
     try:
         from opentelemetry.distro import OpenTelemetryConfigurator
     except ImportError:
-        # A line of its own on stderr: each command sets its logging up after this runs.
-        click.echo(
-            f"WARNING: OTEL_TRACES_EXPORTER={exporters}, but OpenTelemetry is not installed "
+        log.warning(
+            "OTEL_TRACES_EXPORTER=%s, but OpenTelemetry is not installed "
             "(pip install 'prompt-outbox[otel]'): no traces",
-            err=True,
+            exporters,
         )
         return False
     environ.setdefault("OTEL_SERVICE_NAME", SERVICE_NAME)

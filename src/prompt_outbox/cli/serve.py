@@ -9,8 +9,9 @@ import gc
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 import uvicorn
@@ -41,6 +42,7 @@ log = logging.getLogger("prompt_outbox.cli")
 
 
 _ORIGIN = re.compile(r"https?://[^/\s]+")  # what a browser sends as Origin: no path
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.asynccontextmanager
@@ -70,6 +72,7 @@ async def run_api(
     cors_origins: tuple[str, ...] = (),
     accept_rate: RateLimit | None = None,
     token_budget_share: float = DEFAULT_TOKEN_SHARE,
+    turn_end_rate: RateLimit | None = None,
     count_interval: float = DEFAULT_COUNT_INTERVAL,
     request_deadline: float | None = None,
     api_docs: bool = False,
@@ -92,6 +95,7 @@ async def run_api(
             cors_origins=cors_origins,
             accept_rate=accept_rate,
             token_budget_share=token_budget_share,
+            turn_end_rate=turn_end_rate,
             count_interval=count_interval,
             request_deadline=request_deadline,
             api_docs=api_docs,
@@ -123,6 +127,24 @@ async def run_api(
     # an accept at 32 connections 55 -> 27 ms, bench/http.py).
     gc.freeze()
     await server.serve()  # returns once a signal asked it to
+
+
+def rate_options(name: str, rate_help: str, burst_help: str) -> Callable[[F], F]:
+    """``--NAME-rate`` and ``--NAME-burst`` (``PROMPT_OUTBOX_NAME_RATE`` / ``_BURST``): a
+    token bucket per caller (``api/limits.py``), at the defaults of ``RateLimit``."""
+    var = "PROMPT_OUTBOX_" + name.upper().replace("-", "_")
+
+    def option(
+        kind: str, default: float, kinds: click.ParamType[Any], words: str
+    ) -> Callable[[F], F]:
+        flag, env = f"--{name}-{kind}", f"{var}_{kind.upper()}"
+        return click.option(
+            flag, default=default, show_default=True, envvar=env, type=kinds, help=words
+        )
+
+    rate = option("rate", DEFAULT_RATE, click.FloatRange(min=0), rate_help)
+    burst = option("burst", DEFAULT_BURST, click.IntRange(min=1), burst_help)
+    return lambda command: rate(burst(command))
 
 
 @click.command()
@@ -172,21 +194,17 @@ async def run_api(
     help="MiB of unread events all event streams of this process may hold (past it, those "
     "holding the most end)",
 )
-@click.option(
-    "--accept-rate",
-    default=DEFAULT_RATE,
-    show_default=True,
-    envvar="PROMPT_OUTBOX_ACCEPT_RATE",
-    type=click.FloatRange(min=0),
-    help="accepts per second one token may sustain, in this process (429 past it; 0: no limit)",
+@rate_options(
+    "accept",
+    "accepts per second one token may sustain, in this process (429 past it; 0: no limit)",
+    "accepts one token may send at once after a quiet spell",
 )
-@click.option(
-    "--accept-burst",
-    default=DEFAULT_BURST,
-    show_default=True,
-    envvar="PROMPT_OUTBOX_ACCEPT_BURST",
-    type=click.IntRange(min=1),
-    help="accepts one token may send at once after a quiet spell",
+@rate_options(
+    "turn-end",
+    "turn ends per second one token may sustain, in this process, in a bucket apart from its "
+    "accepts; the signed ends share one such bucket, the webhook signer's (429 past it; 0: no "
+    "limit)",
+    "turn ends one token (or the webhook signer) may send at once after a quiet spell",
 )
 @click.option(
     "--token-budget-share",
@@ -296,6 +314,8 @@ def serve(
     accept_rate: float,
     accept_burst: int,
     token_budget_share: float,
+    turn_end_rate: float,
+    turn_end_burst: int,
     metrics_count_interval: float,
     access_log: bool,
     cors_origins: tuple[str, ...],
@@ -333,12 +353,10 @@ def serve(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if no_auth:
-        click.secho(
-            "WARNING: authentication is DISABLED (--no-auth); loopback only.", fg="red", err=True
-        )
+        log.warning("authentication is DISABLED (--no-auth); loopback only")
     elif exposed := exposure(Path(str(tokens_file))):
         # Not refused (a secret mounted by an orchestrator may come as it comes), but said.
-        click.secho(f"WARNING: the token file {tokens_file}: {exposed}.", fg="red", err=True)
+        log.warning("the token file %s: %s", tokens_file, exposed)
     chosen = build_delivery(**delivery)  # type: ignore[arg-type]
 
     async def main() -> None:
@@ -364,6 +382,7 @@ def serve(
                 cors_origins=cors_origins,
                 accept_rate=RateLimit(accept_rate, accept_burst),
                 token_budget_share=token_budget_share,
+                turn_end_rate=RateLimit(turn_end_rate, turn_end_burst),
                 count_interval=metrics_count_interval,
                 request_deadline=request_deadline,
                 api_docs=api_docs,

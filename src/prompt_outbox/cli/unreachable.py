@@ -12,6 +12,7 @@ import click
 from ..core.errors import StorageFormatError
 from ..storage.connect import uses_tls
 from ..storage.store import UNAVAILABLE
+from .logs import said_as_json
 
 HINT = "check --valkey-url (PROMPT_OUTBOX_VALKEY_URL)"
 _URL_META = "prompt_outbox.valkey_url"
@@ -77,6 +78,14 @@ class Main(click.Group):
     refuses the connection, or holds a storage format newer than this version knows."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return self._one_line(ctx)
+        except click.ClickException as failure:
+            if said_as_json(ctx, failure):  # --log-format json: its last line is JSON too
+                ctx.exit(failure.exit_code)
+            raise
+
+    def _one_line(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from .entry import Entry
+from .validate import check_unicode
 
 
 class Verdict(enum.IntEnum):
@@ -37,6 +38,7 @@ class Turn:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not 0 < len(self.id) <= TURN_ID_MAX:
             raise ValueError(f"a turn ID is 1-{TURN_ID_MAX} characters, got {self.id!r:.80}")
+        check_unicode("turn ID", self.id)
         if not self.id.isprintable():
             raise ValueError("a turn ID holds printable characters only")
 

@@ -299,7 +299,8 @@ class SessionKeys:
     @property
     def early_end(self) -> str:
         """STRING, a minute: the turn ID an end named before any turn of it was held (the
-        agent's end can outrun the claim that holds its turn): the claim then holds none."""
+        agent's end can outrun the claim that holds its turn): the claim then holds none.
+        Written only while the session has a send in flight (turn_end.lua)."""
         return f"outboxturnend:{{{self.ws}}}:{{{self.ses}}}"
 
     def claim(self, entry_id: str) -> str:

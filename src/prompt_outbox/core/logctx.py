@@ -2,9 +2,9 @@
 delivery step, an HTTP request) and read by the log format (``cli/logs.py``).
 
 One naming everywhere, for what is bound here and for what a call passes as ``extra=``:
-``workspace``, ``session``, ``entry``, ``attempt``, ``outcome``, ``status``, ``error``,
-``turn``, ``count``, ``request_id``. A context variable, so that concurrent tasks (one per
-session, one per request) each see their own, and a task started inside inherits it.
+``workspace``, ``session``, ``entry``, ``attempt``, ``outcome``, ``failure``, ``status``,
+``error``, ``turn``, ``count``, ``request_id``. A context variable, so that concurrent tasks
+(one per session, one per request) each see their own, and a task started inside inherits it.
 """
 
 from __future__ import annotations

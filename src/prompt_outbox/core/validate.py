@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .entry import is_finite_json
 from .errors import InvalidInput, TextTooLarge
@@ -25,6 +25,34 @@ engine (Python, the JSON Schema's ECMA-262, pydantic's Rust) reads ``\\s`` diffe
 HTTP API declares this same pattern for a park reason."""
 _VISIBLE = re.compile(VISIBLE_CHARACTER)
 
+T = TypeVar("T")
+
+
+def check_unicode(field: str, value: T) -> T:
+    """``value`` if every string in it is Unicode a strict receiver takes: a str, or the
+    strings and keys of parsed JSON (dicts and lists, at any depth). A lone surrogate
+    (U+D800-U+DFFF alone: a JSON ``\\udfff`` escape, a command-line byte that is not UTF-8)
+    is no character; it cannot be written as UTF-8, so an agent refuses every delivery that
+    carries it. InvalidInput naming ``field`` then. The one rule for every string a client,
+    a token file or an operator hands in."""
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInput(
+                    f"{field} is not valid Unicode: it holds a lone surrogate (U+D800-U+DFFF), "
+                    "which no UTF-8 text can carry"
+                ) from None
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
+
 
 def check_text(text: object) -> str:
     """Return ``text`` if it is a non-empty prompt of at most MAX_TEXT_BYTES of valid UTF-8.
@@ -36,27 +64,29 @@ def check_text(text: object) -> str:
     if not text:
         raise InvalidInput("text must not be empty")
     try:
-        size, lone_surrogate = len(text.encode("utf-8")), False
+        size, encodes = len(text.encode("utf-8")), True
     except UnicodeEncodeError:
         # Size first, a lone surrogate counted as the 3 bytes it would take: a text over the
         # limit is "too large" (HTTP 413) whatever else is wrong with it.
-        size, lone_surrogate = len(text.encode("utf-8", "surrogatepass")), True
+        size, encodes = len(text.encode("utf-8", "surrogatepass")), False
     if size > MAX_TEXT_BYTES:
         raise TextTooLarge(f"text is {size} bytes; the limit is {MAX_TEXT_BYTES}")
-    if lone_surrogate:
-        raise InvalidInput("text is not valid Unicode (lone surrogate)")
+    if not encodes:  # (the hot path encodes the text once: checked again only when bad)
+        check_unicode("text", text)
     return text
 
 
 def check_user_id(user_id: object) -> str:
-    """Return ``user_id`` if it is printable and at most MAX_USER_ID characters."""
+    """Return ``user_id`` if it is printable Unicode and at most MAX_USER_ID characters."""
+    check_unicode("userID", user_id)
     if not isinstance(user_id, str) or len(user_id) > MAX_USER_ID or not user_id.isprintable():
         raise InvalidInput(f"userID must be a printable string of at most {MAX_USER_ID} characters")
     return user_id
 
 
 def check_reason(reason: object) -> str:
-    """A park reason: at most MAX_REASON characters, at least one of them visible."""
+    """A park reason: at most MAX_REASON characters of Unicode, at least one of them visible."""
+    check_unicode("park reason", reason)
     if not isinstance(reason, str) or len(reason) > MAX_REASON or not _VISIBLE.search(reason):
         raise InvalidInput(
             f"a park reason needs a visible character and at most {MAX_REASON} characters"
@@ -87,11 +117,8 @@ def check_model(model: object) -> str | None:
     if not isinstance(model, str):
         raise InvalidInput(f"model must be raw JSON text (str) or None, got {type(model).__name__}")
     model = model.strip(" \t\r\n")
-    try:
-        size = len(model.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidInput("model is not valid Unicode (lone surrogate)") from exc
-    if size > MAX_MODEL_BYTES:
+    check_unicode("model", model)
+    if len(model.encode("utf-8")) > MAX_MODEL_BYTES:
         raise InvalidInput(f"model JSON is over {MAX_MODEL_BYTES} bytes")
     try:
         parsed = json.loads(model)
@@ -101,6 +128,8 @@ def check_model(model: object) -> str | None:
         return None
     if _depth(parsed) > MAX_MODEL_DEPTH:
         raise InvalidInput(f"model JSON nests deeper than {MAX_MODEL_DEPTH}")
+    # The raw text is UTF-8, but a "\\udfff" escape in it (a string or a key) is not.
+    check_unicode("model", parsed)
     if not is_finite_json(parsed):
         raise InvalidInput(
             "model must be finite JSON: NaN, Infinity and numbers past a double's range "

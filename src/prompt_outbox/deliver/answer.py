@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from typing import Any
 
 import httpx
@@ -63,10 +65,14 @@ class Answer:
         return ""
 
     def text(self) -> str:
-        """The body read, as text for a message (UTF-8, undecodable bytes replaced)."""
+        """The body read, as text (UTF-8, undecodable bytes replaced)."""
         if self.encoding != "identity":
-            return f"<{self.encoding}-encoded answer, not decompressed>"
+            return f"({self.encoding}-encoded answer, not decompressed)"
         return self.body.decode("utf-8", errors="replace")
+
+    def detail(self) -> str:
+        """The body read, as an error's detail: ``plain_detail`` of its text."""
+        return plain_detail(self.text())
 
     def json(self) -> Any:
         """The body as JSON, or MalformedAnswer: never a parse of a partial body."""
@@ -78,6 +84,71 @@ class Answer:
             raise MalformedAnswer("the answer is JSON nested too deep to parse") from None
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
             raise MalformedAnswer(f"the answer is not JSON: {exc}") from None
+
+
+DETAIL_CHARS = 200
+"""The most of an agent's words an error keeps (its ``lastError``, a log line)."""
+
+# Elements whose content is no text a person reads; and those that sit inside a line of text
+# (every other tag breaks the text, as a block does on a page).
+_UNREAD = frozenset({"script", "style", "template", "noscript", "svg"})
+_INLINE = frozenset(
+    {"a", "abbr", "b", "code", "em", "i", "small", "span", "strong", "sub", "sup", "u"}
+)
+# A tag begun and never closed: what a body cut at its bound ends with.
+_CUT_TAG = re.compile(r"<[!/?A-Za-z][^>]*\Z")
+_PASSES = 3
+"""Markup spelled with entities (``&lt;b&gt;``) is markup once read: read again, a bounded
+number of times (each pass that changes the text shortens it)."""
+
+
+class _Words(HTMLParser):
+    """The text of a body that may be HTML (or XML): what a page would show of it."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.words: list[str] = []
+        self._unread: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in _UNREAD:
+            self._unread.append(tag)
+        elif tag not in _INLINE:
+            self.words.append(" ")
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._unread and self._unread[-1] == tag:
+            self._unread.pop()
+        elif tag not in _INLINE:
+            self.words.append(" ")
+
+    def handle_data(self, data: str) -> None:
+        if not self._unread:
+            self.words.append(data)
+
+
+def _shown(text: str) -> str:
+    words = _Words()
+    words.feed(_CUT_TAG.sub("", text))
+    words.close()
+    return "".join(words.words)
+
+
+def plain_detail(text: str, limit: int = DETAIL_CHARS) -> str:
+    """An agent's error body as a short plain-text detail for a person (``lastError``, the
+    log, the ``list`` table): markup stripped (tags, a tag cut at the read's bound, comments,
+    declarations, the content of scripts and styles; entities read), every control or other
+    unprintable character and every run of whitespace one space, cut to ``limit`` characters
+    (the last one an ellipsis when cut). A 401 page of HTML becomes its words, on one line;
+    JSON and plain text stay as they were, on one line. The one rule for every agent body an
+    error or a log quotes."""
+    for _ in range(_PASSES):
+        shown = _shown(text)
+        if shown == text:
+            break
+        text = shown
+    plain = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return plain if len(plain) <= limit else plain[: limit - 1] + "\u2026"
 
 
 async def bounded_request(

@@ -272,7 +272,7 @@ class OpencodeDeliverer:
             self._streams.sent(watch)
             return turn
         self._streams.drop(watch)
-        detail = f"opencode answered {status}: {answer.text()[:300]}"
+        detail = f"opencode answered {status}: {answer.detail()}"
         if status == 404 and b"NotFoundError" not in answer.body:
             detail += " (no prompt_async route: an opencode older than this deliverer supports)"
         if 400 <= status < 500:

@@ -53,11 +53,11 @@ from ..core.signature import (
     sign,
 )
 from ..core.tracing import tracing
-from .answer import Answer, KiB, MalformedAnswer, bounded_request
+from .answer import Answer, KiB, MalformedAnswer, bounded_request, plain_detail
 
 log = logging.getLogger("prompt_outbox.webhook")
 
-SEND_ANSWER_BYTES = 4 * KiB  # read only for an error detail (its first 200 characters)
+SEND_ANSWER_BYTES = 4 * KiB  # read only for an error detail (answer.plain_detail)
 VERIFY_ANSWER_BYTES = 4 * KiB  # a word, or {"status": ...}
 TURN_STATUS = 202  # "accepted, still working": the only answer that can hand back a turn
 # A turn's verify answer. "delivered" is the answer of a verify URL that knows only entries
@@ -137,7 +137,7 @@ class WebhookDeliverer:
             return _turn(answer, entry)
         if 200 <= status < 300:
             return None
-        detail = f"webhook answered {status}: {answer.text()[:200]}"
+        detail = f"webhook answered {status}: {answer.detail()}"
         if status == 429:
             raise transient(detail)
         if 400 <= status < 500:
@@ -223,10 +223,10 @@ def _turn(answer: Answer, entry: Entry) -> Turn | None:
     turn_id = data["turn"]
     try:
         return Turn(turn_id)
-    except ValueError as exc:
+    except ValueError as exc:  # its words quote the agent's
         log.warning(
             "webhook answered 202 with %s: the turn is named by the entry ID",
-            exc,
+            plain_detail(str(exc)),
             extra={"entry": entry.id},
         )
         return Turn(entry.id)

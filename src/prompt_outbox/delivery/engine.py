@@ -36,6 +36,14 @@ from .turns import TurnClaim, Turns
 log = logging.getLogger("prompt_outbox")
 T = TypeVar("T")
 
+_NEXT = {
+    Status.PENDING: ("delivery failed, to be tried again", "retry"),
+    Status.VERIFYING: ("delivery outcome unknown, to be verified", "verify"),
+    Status.ERROR: ("delivery failed for good", "error"),
+}
+"""A send or verification that did not deliver, by the entry's status after it: the log line's
+message and ``outcome``, one word for what happens next (what failed goes in ``failure``)."""
+
 
 class Step(enum.Enum):
     """What one per-session step did."""
@@ -239,16 +247,17 @@ class Engine:
         return Step.ACTED
 
     def _count_rescheduled(self, k: SessionKeys, new: Entry, reason: str) -> None:
+        """Count and log a send or verification that did not deliver (``_NEXT``); ``reason``:
+        what failed (the send's class, the verdict, ``no_verifier``), the ``failure`` field."""
         failed = new.status is Status.ERROR
         if failed:
             self.metrics.failed.inc()
         elif new.status is Status.PENDING:
             self.metrics.retried.labels(reason=reason).inc()
+        what, outcome = _NEXT[new.status]
+        fields = {"outcome": outcome, "failure": reason, "error": new.last_error}
+        about = about_entry(k.ws, k.ses, new.id, attempt=new.attempts, **fields)
         # A move to error is for good (until an operator's retry): a WARNING, not news.
-        what = "delivery failed for good" if failed else "delivery failed, to be tried again"
-        about = about_entry(
-            k.ws, k.ses, new.id, attempt=new.attempts, outcome=reason, error=new.last_error
-        )
         log.log(logging.WARNING if failed else logging.INFO, what, extra=about)
 
     # -- writes after a send (fenced by the lease token, retried through an outage) ---------

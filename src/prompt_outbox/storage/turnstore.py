@@ -15,7 +15,9 @@ from .replies import Lock, TurnWrite, lowered_ms, parse, text
 EARLY_END_MS = 60_000
 """How long an end that named a turn not held yet is kept for the claim that holds it: the
 agent's end can outrun that claim (a webhook receiver that ends at once, a short opencode
-turn). Past it the end is forgotten, and the turn is learned from a check."""
+turn). Kept only while the session has a send in flight (an entry staged, the lock a worker's
+token): no other session has a claim to come, so an end for it writes nothing. Past it the end
+is forgotten, and the turn is learned from a check."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +44,8 @@ class TurnStore:
         self, k: SessionKeys, turn_id: str, now_ms: int, why: str
     ) -> EndedTurn | None:
         """End the session's turn of that ID (turn_end.lua): what it was, or None if the
-        session holds no such turn. Marks the due index if that made work due sooner."""
+        session holds no such turn (kept ``EARLY_END_MS`` for the claim of a send in flight,
+        if one is). Marks the due index if that made work due sooner."""
         args = [k.ses, turn_id, now_ms, why, EARLY_END_MS]
         keys = [*k.script_keys(), k.workspace.turns, k.early_end, k.workspace.in_turn]
         word, rest = parse(TurnWrite, await self._run("turn_end", keys, args))

@@ -20,7 +20,9 @@
                       caller marks the due index if letting go moved the work earlier);
                       the turn's entry ID and trace context ('' none: core/turns.py)
     {'gone'}          the session holds no turn of that ID (unknown, over already, or
-                      not held yet: kept ARGV[5] ms in KEYS[12], for the claim that holds it)
+                      not held yet). Kept ARGV[5] ms in KEYS[12], for the claim that may
+                      hold it, only while a send is in flight: an entry staged and the lock
+                      a worker's token (not a turn). Anything else writes nothing
 
   Events: turn_ended (id: the turn's entry ID; entry: {"turn", "entry", "seconds", "why"}).
 ]]
@@ -28,8 +30,14 @@ local ses, turn, now, why = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local cur = redis.call('GET', KEYS[L])
 local record = turn_record(cur)
 if not record or record.turn ~= turn then
-  -- The agent's end may outrun the claim that holds its turn: that claim holds none.
-  if tonumber(ARGV[5]) > 0 then redis.call('SET', KEYS[12], turn, 'PX', ARGV[5]) end
+  -- The agent's end may outrun the claim that holds its turn: that claim holds none. Such a
+  -- claim is only ever the end of a send in flight, so an end for a session with none (one
+  -- that never existed, an idle one, one held in another turn) writes no key: a caller
+  -- cannot leave a key for every session name it can think of.
+  local sending = cur and not turn_check_ms(cur) and redis.call('LLEN', KEYS[D]) > 0
+  if tonumber(ARGV[5]) > 0 and sending then
+    redis.call('SET', KEYS[12], turn, 'PX', ARGV[5])
+  end
   return {'gone'}
 end
 local before = ready_of(KEYS, ses)
