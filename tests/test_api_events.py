@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -203,7 +204,9 @@ async def test_a_client_that_does_not_read_is_cut_off_at_the_byte_bound(client: 
     uvicorn's send waits on its flow control), so its follower fills up to its byte bound and
     is cut off there (not at 1000 events: there are 120), and nothing piles up in between.
     Read at last, it gives what it had, then ends cleanly; resumed by its last ID, the rest."""
-    outbox = Outbox(client, FAST, feed=FeedLimits(max_behind_bytes=256 * 1024))
+    # A log that keeps the 11 MB (event_log_bytes): its resume is the rest, not a reset.
+    roomy = dataclasses.replace(FAST, event_log_bytes=16 * 1024 * 1024)
+    outbox = Outbox(client, roomy, feed=FeedLimits(max_behind_bytes=256 * 1024))
     headers = {**ALICE, "Content-Type": JSON_TYPE}
     async with served(outbox) as http:
         body = '{"clientMessageID":"m1","text":"small"}'

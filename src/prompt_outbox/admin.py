@@ -25,7 +25,7 @@ from .core.metrics import Metrics
 from .core.validate import check_model, check_reason, check_text
 from .delivery.engine import Engine
 from .delivery.maintenance import Maintenance
-from .storage.replies import Counted, Edited, Replace, Snapshot
+from .storage.replies import Counted, Edited, Found, Replace, Slice
 from .storage.store import Store
 
 log = logging.getLogger("prompt_outbox.admin")
@@ -34,12 +34,16 @@ SWAP_ATTEMPTS = 3
 """Reads a one-entry action tries when its write misses because the entry changed in
 between (a delivery took or moved it); after that it gives up (contention, not a loop)."""
 
-Pick = Callable[[Snapshot], tuple[str, str] | None]
-"""Given the session, the (old, new) strings of the one entry to change ('' deletes)."""
+SLICE_BYTES = 1024 * 1024
+"""The most bytes of entries an action on many of them reads at a time (``Picks.entries``):
+what it holds in memory, whatever the session holds."""
+
+Pick = Callable[[Found], tuple[str, str] | None]
+"""Given the entry as found, the (old, new) strings to change ('' deletes), or None."""
 Change = Callable[[Entry], Entry | None]
 """An entry's new state, or None to leave it."""
-Pairs = Callable[[Snapshot], list[tuple[str, str]]]
-"""Given an idle session, the (old, new) strings of the queued entries to change ('' deletes)."""
+Pairs = Callable[[Sequence[str]], list[tuple[str, str]]]
+"""Given queued entries of an idle session, the (old, new) strings to change ('' deletes)."""
 
 R = TypeVar("R")
 P = ParamSpec("P")
@@ -67,13 +71,16 @@ _DISMISS_RESULTS: Mapping[Swap, DismissResult] = {
 
 def _pairs(change: Change) -> Pairs:
     """The pairs of the queued entries ``change`` changes."""
-    return lambda snap: [
-        (raw, new.to_json()) for raw in snap.queue if (new := change(decode_entry(raw))) is not None
+    return lambda raws: [
+        (raw, new.to_json()) for raw in raws if (new := change(decode_entry(raw))) is not None
     ]
 
 
-def _errors_removed(snap: Snapshot) -> list[tuple[str, str]]:
-    return [(raw, "") for raw in snap.queue if decode_entry(raw).status is Status.ERROR]
+def _errors_removed(raws: Sequence[str]) -> list[tuple[str, str]]:
+    return [(raw, "") for raw in raws if decode_entry(raw).status is Status.ERROR]
+
+
+_PARKABLE = (Status.PENDING, Status.VERIFYING)
 
 
 def _retried_if_error(e: Entry) -> Entry | None:
@@ -96,11 +103,12 @@ class Admin:
         NOT_FOUND when the session has no error entry with that ID. ``WorkspaceBytesFull``
         at the workspace's byte budget, as an accept (a re-armed entry logs each move whole)."""
 
-        def pick(snap: Snapshot) -> tuple[str, str] | None:
-            raw = _find(snap.queue, entry_id)
-            if raw is None or (e := decode_entry(raw)).status is not Status.ERROR:
+        def pick(found: Found) -> tuple[str, str] | None:
+            if not found.raw or found.in_staging:
                 return None
-            return raw, machine.retried(e).to_json()
+            if (e := decode_entry(found.raw)).status is not Status.ERROR:
+                return None
+            return found.raw, machine.retried(e).to_json()
 
         k = session_keys(workspace_id, session_id)
         # A client's retry re-arms the entry for more moves, each logging it whole: it stops
@@ -114,9 +122,8 @@ class Admin:
     async def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
         """Remove an entry by ID. BUSY while the session lock is held; NOT_FOUND if absent."""
 
-        def pick(snap: Snapshot) -> tuple[str, str] | None:
-            raw = _find((*snap.staging, *snap.queue), entry_id)
-            return None if raw is None else (raw, "")
+        def pick(found: Found) -> tuple[str, str] | None:
+            return (found.raw, "") if found.raw else None
 
         k = session_keys(workspace_id, session_id)
         swap = await self._swap_one(k, entry_id, pick, CrashPoint.DISMISS_BEFORE_WRITE)
@@ -142,15 +149,16 @@ class Admin:
         text = None if text is None else check_text(text)
         new_model = None if model is None else check_model(model)
         k = session_keys(workspace_id, session_id)
+        check_id("entry ID", entry_id)
         # An edit logs the whole entry again (its event): it grows memory as an accept does,
         # so it stops at the same ceiling.
         over = await self._store.memory.over(k)
         if over is not None:
             raise StorageFull(over.used, over.limit)
 
-        async def attempt(snap: Snapshot) -> EditResult | None:
-            raw = _find(snap.queue, entry_id)
-            if raw is None:
+        async def attempt(found: Found) -> EditResult | None:
+            raw = found.raw
+            if not raw or found.in_staging:
                 return EditResult.NOT_FOUND
             e = decode_entry(raw)
             if e.status not in (Status.PENDING, Status.ERROR):
@@ -171,7 +179,8 @@ class Admin:
             return EditResult.BUSY if done is Edited.BUSY else None
 
         # Kept changing under us: contention, not absence.
-        return await self._attempts(k, attempt, busy=EditResult.BUSY, gave_up=EditResult.BUSY)
+        busy = EditResult.BUSY
+        return await self._attempts(k, entry_id, attempt, busy=busy, gave_up=busy)
 
     async def park_workspace(self, workspace_id: str, reason: str) -> int:
         """Park every pending / verifying entry of the workspace with ``reason``. Busy sessions
@@ -183,8 +192,8 @@ class Admin:
                 return machine.parked(e, reason)
             return None
 
-        w = workspace_keys(workspace_id)
-        n = await self._change_workspace(w, "park", change, CrashPoint.PARK_BETWEEN_SESSIONS)
+        w, point = workspace_keys(workspace_id), CrashPoint.PARK_BETWEEN_SESSIONS
+        n = await self._change_workspace(w, "park", change, _PARKABLE, point)
         self._metrics.parked.inc(n)
         return n
 
@@ -194,7 +203,8 @@ class Admin:
         def change(e: Entry) -> Entry | None:
             return machine.unparked(e) if e.status is Status.PARKED else None
 
-        return await self._change_workspace(workspace_keys(workspace_id), "unpark", change)
+        w = workspace_keys(workspace_id)
+        return await self._change_workspace(w, "unpark", change, (Status.PARKED,))
 
     async def sweep_workspace_unverifiable(self, workspace_id: str) -> int:
         """Re-arm unverifiable error entries as verifying, due now, with a fresh verify budget."""
@@ -202,7 +212,8 @@ class Admin:
         def change(e: Entry) -> Entry | None:
             return machine.rearmed_for_verification(e) if machine.is_unverifiable(e) else None
 
-        return await self._change_workspace(workspace_keys(workspace_id), "sweep", change)
+        w = workspace_keys(workspace_id)
+        return await self._change_workspace(w, "sweep", change, (Status.ERROR,))
 
     async def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
         """Settle the workspace's error entries against the ledger probe (no-op without one):
@@ -218,14 +229,16 @@ class Admin:
         ``WorkspaceBytesFull`` as ``retry``: the sessions re-armed before it stay so."""
         keys = await self._with_errors(workspace_id, session_id)
         retried = _pairs(_retried_if_error)
-        done = await self._write_sessions(keys, "retry errors", retried, budgeted=True)
+        done = await self._write_sessions(
+            keys, "retry errors", retried, (Status.ERROR,), budgeted=True
+        )
         self._metrics.retried.labels(reason="operator").inc(done.done)
         return done
 
     async def dismiss_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
         """Remove every error entry of the session (or of the workspace), as ``retry_errors``."""
         keys = await self._with_errors(workspace_id, session_id)
-        return await self._write_sessions(keys, "dismiss errors", _errors_removed)
+        return await self._write_sessions(keys, "dismiss errors", _errors_removed, (Status.ERROR,))
 
     async def _with_errors(self, workspace_id: str, session_id: str | None) -> list[SessionKeys]:
         """The session named, or every session of the workspace holding an error entry (the
@@ -256,33 +269,43 @@ class Admin:
 
     # -- how an action sees and changes a session -------------------------------------------
 
-    async def _settled(self, k: SessionKeys) -> Snapshot:
-        """The session as an operator action must see it: a dead worker's staged entries
+    async def _found(self, k: SessionKeys, entry_id: str) -> Found:
+        """The entry as an operator action must see it: a dead worker's staged entries
         (staging with no holder) are recovered first, so the action finds them where they
         belong (in the queue, verifying). Acting around them would miss them (a park that
-        leaves one to be re-sent) or reorder them (a retried older entry behind them)."""
-        snap = await self._store.snapshot(k)
-        if snap.staging and not snap.locked:
+        leaves one to be re-sent) or reorder them (a retried older entry behind them). Only
+        the entry is read (``Picks.entry``)."""
+        found = await self._store.picks.entry(k, entry_id)
+        if found.staged and not found.locked:
             await self._engine.recover_session(k)
-            snap = await self._store.snapshot(k)
-        return snap
+            found = await self._store.picks.entry(k, entry_id)
+        return found
+
+    async def _slice(self, k: SessionKeys, statuses: Sequence[str], skip: int) -> Slice:
+        """A slice of the session's entries in ``statuses``, as ``_found`` sees an entry."""
+        got = await self._store.picks.entries(k, statuses, SLICE_BYTES, skip)
+        if got.staged and not got.locked:
+            await self._engine.recover_session(k)
+            got = await self._store.picks.entries(k, statuses, SLICE_BYTES, skip)
+        return got
 
     async def _attempts(
         self,
         k: SessionKeys,
-        attempt: Callable[[Snapshot], Awaitable[R | None]],
+        entry_id: str,
+        attempt: Callable[[Found], Awaitable[R | None]],
         *,
         busy: R,
         gave_up: R,
     ) -> R:
-        """``attempt`` on a fresh settled read of the session, up to ``SWAP_ATTEMPTS`` times
-        while it returns None (its write missed: the entry changed meanwhile); ``busy`` at
-        once while the lock is held, ``gave_up`` after the last miss."""
+        """``attempt`` on a fresh read of the entry, up to ``SWAP_ATTEMPTS`` times while it
+        returns None (its write missed: the entry changed meanwhile); ``busy`` at once while
+        the lock is held, ``gave_up`` after the last miss."""
         for _ in range(SWAP_ATTEMPTS):
-            snap = await self._settled(k)
-            if snap.locked:
+            found = await self._found(k, entry_id)
+            if found.locked:
                 return busy
-            result = await attempt(snap)
+            result = await attempt(found)
             if result is not None:
                 return result
         return gave_up
@@ -294,8 +317,8 @@ class Admin:
         ``budgeted``: ``_replace``'s."""
         check_id("entry ID", entry_id)
 
-        async def attempt(snap: Snapshot) -> Swap | None:
-            pair = pick(snap)
+        async def attempt(found: Found) -> Swap | None:
+            pair = pick(found)
             if pair is None:
                 return Swap.MISSING
             reached(point)
@@ -304,40 +327,55 @@ class Admin:
                 return Swap.BUSY
             return Swap.DONE if done.count else None
 
-        return await self._attempts(k, attempt, busy=Swap.BUSY, gave_up=Swap.MISSING)
+        return await self._attempts(k, entry_id, attempt, busy=Swap.BUSY, gave_up=Swap.MISSING)
 
     async def _change_workspace(
-        self, w: WorkspaceKeys, what: str, change: Change, point: CrashPoint | None = None
+        self,
+        w: WorkspaceKeys,
+        what: str,
+        change: Change,
+        statuses: Sequence[str],
+        point: CrashPoint | None = None,
     ) -> int:
-        """Apply ``change`` to every entry of every idle session of the workspace."""
+        """Apply ``change`` to every entry in ``statuses`` of every idle session of the
+        workspace (``change`` may leave some of them)."""
         keys = await self._store.walk.sessions_of(w)
-        return (await self._write_sessions(keys, what, _pairs(change), point)).done
+        return (await self._write_sessions(keys, what, _pairs(change), statuses, point)).done
 
     async def _write_sessions(
         self,
         keys: Sequence[SessionKeys],
         what: str,
         pairs_of: Pairs,
+        statuses: Sequence[str],
         point: CrashPoint | None = None,
         budgeted: bool = False,
     ) -> BulkResult:
-        """Write ``pairs_of`` each idle session; a session a delivery holds is skipped (and
-        named in the result), never waited for. ``budgeted``: ``_replace``'s (a refusal ends
-        the walk; the sessions written before it stay written, each in one step)."""
+        """Write ``pairs_of`` the entries in ``statuses`` of each idle session, a slice of at
+        most ``SLICE_BYTES`` at a time (each slice one step); a session a delivery holds is
+        skipped (and named in the result), never waited for. ``budgeted``: ``_replace``'s (a
+        refusal ends the walk; what was written before it stays written)."""
         total, busy = 0, []
         for k in keys:
-            snap = await self._settled(k)
-            if snap.locked:
-                busy.append(k.ses)
-                continue
-            pairs = pairs_of(snap)
-            if not pairs:
-                continue
-            done = await self._replace(k, pairs, budgeted)
-            if done.outcome is Replace.BUSY:
-                busy.append(k.ses)
-            total += done.count
-            if point is not None:
+            wrote, skip = False, 0  # skip: what the slices before left as it was
+            while True:
+                got = await self._slice(k, statuses, skip)
+                if got.locked:
+                    busy.append(k.ses)
+                    break
+                pairs = pairs_of(got.entries)
+                done = await self._replace(k, pairs, budgeted) if pairs else None
+                if done is not None and done.outcome is Replace.BUSY:
+                    busy.append(k.ses)
+                    break
+                wrote = wrote or done is not None
+                total += done.count if done is not None else 0
+                # An entry changed meanwhile stays as it is (its pair missed), as the rest
+                # of the session, and ends the walk of it: it never chases a writer.
+                if not got.more or (done is not None and done.count < len(pairs)):
+                    break
+                skip += len(got.entries) - len(pairs)
+            if wrote and point is not None:
                 reached(point)
         if busy:
             ws = keys[0].ws
@@ -354,10 +392,6 @@ class Admin:
         except WorkspaceBytesFull:
             self._metrics.refused_bytes_full.inc()
             raise
-
-
-def _find(raws: Sequence[str], entry_id: str) -> str | None:
-    return next((raw for raw in raws if decode_entry(raw).id == entry_id), None)
 
 
 class HasAdmin(Protocol):

@@ -28,7 +28,7 @@ from .core.timeutil import Clock, to_ms
 from .core.turns import decode_turn
 from .delivery.lease import hold_times
 from .storage.replies import SessionTally, Tally
-from .storage.series import SERIES_SLOTS, LoggedEvent, Series, SeriesMinute
+from .storage.series import SERIES_SLOTS, LoggedEvent, SeriesMinute
 from .storage.store import Store
 
 T = TypeVar("T")
@@ -225,7 +225,7 @@ class Overview:
         self._store = store
         self._tunables = tunables
         self._clock = clock
-        self._series = Series(store.walk.client)
+        self._series = store.series
 
     async def workspaces(
         self, cursor: str = "", limit: int = 20, *, only: Sequence[str] | None = None
@@ -294,6 +294,11 @@ class Overview:
         reading = await budgets.reading(w.count)
         limit = reading.budget(budgets.share)
         return BudgetUse(held.queued, held.logs, held.markers, limit, reading.basis)
+
+    async def session_bytes(self, ws: str, ses: str) -> int:
+        """What the session's entries take in Valkey's memory, in bytes (one field read):
+        what reading them costs, before it is read (the API's answer budgets)."""
+        return await self._store.budgets.session_bytes(session_keys(ws, ses))
 
     async def fleet_counts(self) -> FleetCounts:
         """What the /metrics gauges show of every workspace: the entries by status, the

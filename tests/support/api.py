@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
 from prompt_outbox import Outbox
 from prompt_outbox.api import TokenTable, create_app
@@ -39,10 +40,12 @@ URL = "/v1/workspaces/acme/sessions/chat-1/prompts"
 
 
 async def serve(
-    outbox: Outbox, tokens: TokenTable = TOKENS, **options: Any
+    outbox: Outbox, tokens: TokenTable = TOKENS, *, app: FastAPI | None = None, **options: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
+    """``create_app(outbox, tokens, **options)`` (or ``app``, made by the caller) served on a
+    loopback port; a client of it, for as long as the caller iterates."""
     port = free_port()
-    app = create_app(outbox, tokens, **options)
+    app = app or create_app(outbox, tokens, **options)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     await eventually(lambda: _started(server))

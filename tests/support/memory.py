@@ -53,3 +53,14 @@ async def maxmemory(client: Client, limit: int) -> AsyncIterator[None]:
     finally:
         for node, was in zip(nodes, before, strict=True):
             await on_node(client, node, "CONFIG", "SET", "maxmemory", str(was))
+
+
+async def sent_bytes(client: Client) -> int:
+    """The bytes every primary has sent its clients so far (INFO stats
+    ``total_net_output_bytes``): what a read cost, as a difference."""
+    total = 0
+    for node in primaries(client):
+        raw = await on_node(client, node, "INFO", "stats")
+        info = raw if "total_net_output_bytes" in raw else next(iter(raw.values()))
+        total += int(info["total_net_output_bytes"])
+    return total

@@ -984,7 +984,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1067,7 +1067,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1155,7 +1155,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1243,7 +1243,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1329,7 +1329,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1415,7 +1415,16 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1501,7 +1510,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1510,7 +1519,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1596,7 +1605,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1688,7 +1697,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1777,7 +1786,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1868,7 +1877,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1956,7 +1965,16 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2044,7 +2062,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2053,7 +2071,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2148,7 +2166,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2157,7 +2175,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2248,7 +2266,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2336,7 +2354,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2345,7 +2363,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2483,7 +2501,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2492,7 +2510,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2598,7 +2616,16 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2715,7 +2742,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2724,7 +2751,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2832,7 +2859,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events or history, answers_buffer_full: the token's answers hold their most bytes unread by its clients (Retry-After) */
+            /** @description the session's outbox is full (or, for events, the token holds too many streams); for an accept or an edit, rate_limited: the token writes faster than its accept rate (Retry-After); outbox_full / workspace_full: the session holds cap / the workspace holds workspace_cap entries, nothing written (Retry-After); for an accept, an edit or a retry, workspace_bytes_full: the workspace is at its byte budget (its queued entries, event logs and markers: a share of Valkey's memory), and token_bytes_full: the token's workspaces together are at the token's, nothing written (Retry-After); for a list, events, or an action on entries (retry, edit, dismiss, one or many), answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2841,7 +2868,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2938,7 +2965,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3046,7 +3073,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3134,7 +3161,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3222,7 +3249,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list or events, answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
+            /** @description Valkey is unreachable (or, for events, this replica serves its most streams); for an accept, not_durable: written (its id) but not confirmed at accept_durability in time; deadline_exceeded: no answer within the request deadline (Retry-After; an accept may have been written: send it again with the same clientMessageID); storage_full: Valkey's memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an action on entries, answers_buffer_full: this replica's answers and reads hold their most bytes (Retry-After); storage_format: a newer prompt-outbox wrote to this Valkey, nothing written */
             503: {
                 headers: {
                     [name: string]: unknown;

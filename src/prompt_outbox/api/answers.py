@@ -42,6 +42,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from ..admin import SLICE_BYTES
 from ..core.entry import Entry, list_pieces
 from ..core.events import QueueEvent, QueueReset
 from ..core.metrics import Metrics
@@ -75,6 +76,18 @@ holds is counted nowhere: a connection's own cost, bounded by the connection cap
 RESERVE = TRANSPORT_HIGH_WATER + 2 * MAX_PIECE_BYTES
 """Charged to every answer in flight: the transport's buffer and one piece, held by the
 writer and copied into the transport (76 KiB)."""
+READ_FACTOR = 1
+"""What an answer's entries are charged before they are read, per byte they take in Valkey
+(``read_charge``): decoded, an entry holds about what it took there (its text as Python keeps
+it: a byte a character for most texts, up to four beside a wide character); after the read
+the exact charge replaces the estimate (``Hold.settle``)."""
+ONE_ENTRY = RESERVE + (READ_FACTOR + 1) * MIB
+"""Charged while an action on one entry (retry, dismiss, edit) runs: the entry read (the
+largest one can be, a text of 100 KiB escaped and a model of 16 KiB, is under a MiB) and its
+new string."""
+ONE_SLICE = RESERVE + (READ_FACTOR + 1) * SLICE_BYTES
+"""Charged while an action on many entries (retry or dismiss a session's or a workspace's
+errors) runs: it reads and rewrites a slice of ``SLICE_BYTES`` at a time."""
 _NOW = datetime.now(UTC)
 _ENTRY_FIXED = sys.getsizeof(Entry("", "", "", "", _NOW)) + 3 * sys.getsizeof(_NOW)
 """An entry's object and its three times (the numbers and the status are shared)."""
@@ -89,6 +102,13 @@ def held_size(entry: Entry) -> int:
     if entry.model is not None:
         size += sys.getsizeof(entry.model)
     return size
+
+
+def read_charge(stored: int) -> int:
+    """What an answer is charged before its entries are read, from the bytes they take in
+    Valkey (``Overview.session_bytes``): the read is refused (429 / 503) before it costs the
+    process anything; ``Hold.settle`` then makes it the exact ``charge``."""
+    return RESERVE + READ_FACTOR * stored
 
 
 def charge(item: QueueReset | QueueEvent | list[Entry]) -> int:
@@ -132,13 +152,14 @@ class AnswerBuffers:
         anything is read for its answer."""
         self.take(caller, 1).close()
 
-    def take(self, caller: Principal, size: int) -> Hold:
+    def take(self, caller: Principal, size: int, own: int = 0) -> Hold:
         """A hold of ``size`` bytes for ``caller``'s answer about to start, or its refusal:
-        429 past the token's bound, 503 past the process's (``answers_buffer_full``)."""
-        hold = self.try_take(caller, size)
+        429 past the token's bound, 503 past the process's (``answers_buffer_full``).
+        ``own``: bytes of the caller's holds that belong to this same answer (it grows)."""
+        hold = self.try_take(caller, size, own)
         if hold is not None:
             return hold
-        bound = self._over(caller, size)
+        bound = self._over(caller, size, own)
         if self._metrics is not None:
             self._metrics.answers_refused.labels(bound=bound).inc()
         headers = {"Retry-After": RETRY_AFTER_S}
@@ -155,21 +176,22 @@ class AnswerBuffers:
         )
         raise ApiError(503, "answers_buffer_full", detail, headers=headers)
 
-    def try_take(self, caller: Principal, size: int) -> Hold | None:
+    def try_take(self, caller: Principal, size: int, own: int = 0) -> Hold | None:
         """A hold of ``size`` bytes for ``caller``, or None past a bound."""
-        if self._over(caller, size) is not None:
+        if self._over(caller, size, own) is not None:
             return None
         self.held += size
         self._by_caller[caller] += size
         return Hold(self, caller, size)
 
-    def _over(self, caller: Principal, size: int) -> str | None:
+    def _over(self, caller: Principal, size: int, own: int = 0) -> str | None:
         """The bound taking ``size`` more for ``caller`` would pass (None: it fits). A caller
-        (or a process) holding nothing may take one answer of any size."""
+        (or a process) holding nothing but this answer's ``own`` may take one answer of any
+        size."""
         mine = self._by_caller[caller]
-        if mine and mine + size > self.limits.per_token:
+        if mine > own and mine + size > self.limits.per_token:
             return "token"
-        if self.held and self.held + size > self.limits.per_process:
+        if self.held > own and self.held + size > self.limits.per_process:
             return "process"
         return None
 
@@ -239,6 +261,23 @@ class Hold:
     def close(self) -> None:
         """The answer ended, however: all it still holds is released (idempotent)."""
         self.release(self.left)
+
+    def settle(self, size: int) -> None:
+        """Hold exactly ``size`` bytes from now: what is over it is released, what is under
+        it taken (429 / 503 ``answers_buffer_full`` past a bound, the hold as it was)."""
+        if size <= self.left:
+            self.release(self.left - size)
+        elif self._account is not None:
+            more = self._account.take(self._caller, size - self.left, own=self.left)
+            self.left, more.left = self.left + more.left, 0
+        else:
+            self.left = size
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def consumed(entries: list[Entry], hold: Hold) -> Iterator[Entry]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from ..core.callbacks import BulkResult
+from .answers import ONE_SLICE, AnswersDep
 from .auth import Caller
 from .errors import errors
 from .limits import WithinBudget
@@ -26,27 +27,35 @@ def _out(result: BulkResult) -> BulkOut:
 # 429: workspace_bytes_full, token_bytes_full
 @router.post(SESSION_ERRORS + "/retry", responses=errors(429), dependencies=[WithinBudget])
 async def retry_session_errors(
-    ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep
+    ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep, answers: AnswersDep
 ) -> BulkOut:
     """Re-arm every error entry of the session (busy: the session, if a delivery holds it)."""
-    return _out(await outbox.retry_errors(ws, ses))
+    with answers.purse(caller).take(ONE_SLICE):  # what it holds as it runs
+        return _out(await outbox.retry_errors(ws, ses))
 
 
-@router.post(SESSION_ERRORS + "/dismiss", responses=errors())
+@router.post(SESSION_ERRORS + "/dismiss", responses=errors(429))
 async def dismiss_session_errors(
-    ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep
+    ws: WorkspaceId, ses: SessionId, caller: Caller, outbox: OutboxDep, answers: AnswersDep
 ) -> BulkOut:
     """Remove every error entry of the session."""
-    return _out(await outbox.dismiss_errors(ws, ses))
+    with answers.purse(caller).take(ONE_SLICE):  # what it holds as it runs
+        return _out(await outbox.dismiss_errors(ws, ses))
 
 
 @router.post(WORKSPACE_ERRORS + "/retry", responses=errors(429), dependencies=[WithinBudget])
-async def retry_workspace_errors(ws: WorkspaceId, caller: Caller, outbox: OutboxDep) -> BulkOut:
+async def retry_workspace_errors(
+    ws: WorkspaceId, caller: Caller, outbox: OutboxDep, answers: AnswersDep
+) -> BulkOut:
     """Re-arm every error entry of every session of the workspace that no delivery holds."""
-    return _out(await outbox.retry_errors(ws))
+    with answers.purse(caller).take(ONE_SLICE):
+        return _out(await outbox.retry_errors(ws))
 
 
-@router.post(WORKSPACE_ERRORS + "/dismiss", responses=errors())
-async def dismiss_workspace_errors(ws: WorkspaceId, caller: Caller, outbox: OutboxDep) -> BulkOut:
+@router.post(WORKSPACE_ERRORS + "/dismiss", responses=errors(429))
+async def dismiss_workspace_errors(
+    ws: WorkspaceId, caller: Caller, outbox: OutboxDep, answers: AnswersDep
+) -> BulkOut:
     """Remove every error entry of every session of the workspace that no delivery holds."""
-    return _out(await outbox.dismiss_errors(ws))
+    with answers.purse(caller).take(ONE_SLICE):
+        return _out(await outbox.dismiss_errors(ws))

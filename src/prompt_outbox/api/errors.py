@@ -93,15 +93,15 @@ ERROR_WHY = {
     "workspace_bytes_full: the workspace is at its byte budget (its queued entries, event "
     "logs and markers: a share of Valkey's memory), and token_bytes_full: the token's "
     "workspaces together are at the token's, nothing written (Retry-After); for a list, "
-    "events or history, "
-    "answers_buffer_full: the token's answers hold their most bytes unread by its clients "
-    "(Retry-After)",
+    "events, or an action on entries (retry, edit, dismiss, one or many), "
+    "answers_buffer_full: the token's answers and reads hold their most bytes (Retry-After)",
     503: "Valkey is unreachable (or, for events, this replica serves its most streams); for an "
     "accept, not_durable: written (its id) but not confirmed at accept_durability in time; "
     "deadline_exceeded: no answer within the request deadline (Retry-After; an accept may "
     "have been written: send it again with the same clientMessageID); storage_full: Valkey's "
-    "memory is near its maxmemory, nothing written (Retry-After); for a list or events, "
-    "answers_buffer_full: this replica's answers hold their most bytes unread (Retry-After); "
+    "memory is near its maxmemory, nothing written (Retry-After); for a list, events, or an "
+    "action on entries, answers_buffer_full: this replica's answers and reads hold their "
+    "most bytes (Retry-After); "
     "storage_format: a newer prompt-outbox wrote to this Valkey, nothing written",
 }
 

@@ -23,7 +23,7 @@ from ..core.keys import CLIENT_MESSAGE_ID_PATTERN
 from ..core.tracing import about, tracing
 from ..core.validate import MAX_TEXT_BYTES, WhileBusy
 from ..outbox import Outbox
-from .answers import AnswersDep, charge, list_body
+from .answers import ONE_ENTRY, AnswersDep, charge, list_body, read_charge
 from .auth import Caller, Principal
 from .errors import ApiError, errors
 from .limits import AcceptLimits, LimitsDep, WithinBudget
@@ -192,8 +192,14 @@ async def list_prompts(
     ``Retry-After``) while this token's (or this replica's) answers hold their most."""
     purse = answers.purse(caller)
     purse.admit()  # a caller at its bound costs no read
-    entries = await outbox.list(ws, ses)
-    hold = purse.take(charge(entries))
+    # Charged before the entries are read, by what they take in Valkey, then exactly.
+    hold = purse.take(read_charge(await outbox.overview.session_bytes(ws, ses)))
+    try:
+        entries = await outbox.list(ws, ses)
+        hold.settle(charge(entries))
+    except BaseException:
+        hold.close()
+        raise
     return GatedStream(list_body(entries, hold), hold.close, media_type="application/json")
 
 
@@ -203,10 +209,16 @@ async def list_prompts(
     dependencies=[WithinBudget],
 )
 async def retry_prompt(
-    ws: WorkspaceId, ses: SessionId, entry_id: EntryId, caller: Caller, outbox: OutboxDep
+    ws: WorkspaceId,
+    ses: SessionId,
+    entry_id: EntryId,
+    caller: Caller,
+    outbox: OutboxDep,
+    answers: AnswersDep,
 ) -> Retried:
     """Re-arm an error entry: 200, 404 (no such error entry), 409 (a delivery holds it)."""
-    result = await outbox.retry(ws, ses, entry_id)
+    with answers.purse(caller).take(ONE_ENTRY):  # what the action holds while it runs
+        result = await outbox.retry(ws, ses, entry_id)
     if result is RetryResult.BUSY:
         raise _session_busy()
     if result is RetryResult.NOT_FOUND:
@@ -232,6 +244,7 @@ async def edit_prompt(
     caller: Caller,
     outbox: OutboxDep,
     limits: LimitsDep,
+    answers: AnswersDep,
 ) -> EditedOut:
     """Edit a pending or error entry's text or model before it is sent: 200, 404 (absent),
     409 ``busy`` (a delivery holds the session) or ``not_editable`` (staged, verifying or
@@ -244,7 +257,8 @@ async def edit_prompt(
         raise ApiError(422, "invalid_request", "text must be a string")
     if text is None and model is None:
         raise ApiError(422, "invalid_request", "a text or a model is required")
-    result = await outbox.edit(ws, ses, entry_id, text=text, model=model)
+    with answers.purse(caller).take(ONE_ENTRY):
+        result = await outbox.edit(ws, ses, entry_id, text=text, model=model)
     if result is EditResult.BUSY:
         raise _session_busy()
     if result is EditResult.NOT_EDITABLE:
@@ -254,12 +268,18 @@ async def edit_prompt(
     return EditedOut(id=entry_id)
 
 
-@router.delete(SESSION + "/prompts/{entry_id}", status_code=204, responses=errors(404, 409))
+@router.delete(SESSION + "/prompts/{entry_id}", status_code=204, responses=errors(404, 409, 429))
 async def dismiss_prompt(
-    ws: WorkspaceId, ses: SessionId, entry_id: EntryId, caller: Caller, outbox: OutboxDep
+    ws: WorkspaceId,
+    ses: SessionId,
+    entry_id: EntryId,
+    caller: Caller,
+    outbox: OutboxDep,
+    answers: AnswersDep,
 ) -> Response:
     """Dismiss an entry: 204, 404 (absent), 409 (a delivery holds the session)."""
-    result = await outbox.dismiss(ws, ses, entry_id)
+    with answers.purse(caller).take(ONE_ENTRY):
+        result = await outbox.dismiss(ws, ses, entry_id)
     if result is DismissResult.BUSY:
         raise _session_busy()
     if result is DismissResult.NOT_FOUND:
@@ -293,26 +313,32 @@ async def session_events(
     resume = last_event_id or lastEventId
     purse = answers.purse(caller)
     purse.admit()
-    release = gate.enter(caller)
+    # The opening reset is charged before the queue is read (as a list), then exactly.
+    hold = purse.take(read_charge(await outbox.overview.session_bytes(ws, ses)))
     try:
-        # Surrounding whitespace is the transport's, not the ID's (a header value's padding).
-        items = outbox.watch(ws, ses, None if resume is None else resume.strip())
+        release = gate.enter(caller)
+    except BaseException:
+        hold.close()
+        raise
+    # Surrounding whitespace is the transport's, not the ID's (a header value's padding).
+    items = outbox.watch(ws, ses, None if resume is None else resume.strip())
+    try:
         # The first item is read now: a bad resume point (InvalidEventId) is a 400 and a dead
         # Valkey a 503 here, not a broken stream later; a reset over the budget a 429 / 503.
         first = await anext(items)
-        hold = None if first is None else purse.take(charge(first))
+        hold.settle(0 if first is None else charge(first))
     except BaseException:
         release()
+        hold.close()
         await items.aclose()  # type: ignore[attr-defined]
         raise
 
     def ended() -> None:  # however it ends, even before its body started
         release()
-        if hold is not None:
-            hold.close()
+        hold.close()
 
     return GatedStream(
-        event_stream(first, items, request.is_disconnected, purse, hold),
+        event_stream(first, items, request.is_disconnected, purse, hold if first else None),
         ended,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

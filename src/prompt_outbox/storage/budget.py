@@ -6,7 +6,8 @@ by ``Store``; the API sums ``holding`` over a token's workspaces for the token's
 
 from __future__ import annotations
 
-from ..core.keys import WorkspaceKeys
+from ..core.keys import SessionKeys, WorkspaceKeys, bytes_field
+from .client import Client
 from .memory import Memory, MemoryCeiling
 from .replies import Holding, Ok, parse
 from .turnstore import Run
@@ -15,7 +16,8 @@ from .turnstore import Run
 class Budgets:
     """``share`` of a node's memory per workspace; ``run`` runs a script (``Store._run``)."""
 
-    def __init__(self, memory: MemoryCeiling, share: float, run: Run) -> None:
+    def __init__(self, client: Client, memory: MemoryCeiling, share: float, run: Run) -> None:
+        self.client = client
         self.memory = memory
         self.share = share
         self._run = run
@@ -32,3 +34,9 @@ class Budgets:
         """What the workspace holds against its budget (holding.lua)."""
         _, payload = parse(Ok, await self._run("holding", [w.count, w.log_bytes], []))
         return Holding.of(payload)
+
+    async def session_bytes(self, k: SessionKeys) -> int:
+        """What the session's queue and staging take in Valkey's memory, as the scripts keep
+        it (``lib.lua`` ``sized``; 0 for a session no script of this version has written)."""
+        raw = await self.client.hget(k.workspace.count, bytes_field(k.ses))  # type: ignore[misc]
+        return int(raw or 0)

@@ -326,6 +326,39 @@ def snapshot(payload: list[Any]) -> Snapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class Found:
+    """entry.lua: one entry of a session (``raw`` '' when absent; ``in_staging`` when found
+    there), whether a holder has the session (``locked``) and whether it has staged entries."""
+
+    raw: str
+    in_staging: bool
+    locked: bool
+    staged: bool
+
+    @classmethod
+    def of(cls, payload: list[Any]) -> Found:
+        raw, where, held, staged = payload
+        return cls(text(raw), text(where) == "staging", bool(int(held)), bool(int(staged)))
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """entries.lua: a slice of a session's queue (its entries in some statuses, in order),
+    whether the queue holds more of them past it, whether a holder has the session
+    (``locked``) and whether it has staged entries."""
+
+    entries: list[str]
+    more: bool
+    locked: bool
+    staged: bool
+
+    @classmethod
+    def of(cls, payload: list[Any]) -> Slice:
+        held, staged, more, *entries = payload
+        return cls([text(x) for x in entries], bool(int(more)), bool(int(held)), bool(int(staged)))
+
+
+@dataclass(frozen=True, slots=True)
 class Tally:
     """Entries by status (every status, 0 included), and the acceptedAt (ms) of the oldest
     pending one (None when none is pending): what the scripts keep (``lua/lib.lua``, "the

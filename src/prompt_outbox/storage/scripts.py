@@ -24,6 +24,9 @@ NAMES = (
     "snapshot",
     "tally",
     "holding",
+    "history",
+    "entry",
+    "entries",
     "seed",
     "repair",
     "prune_workspace",
@@ -36,6 +39,9 @@ NAMES = (
     "owner_claim",
     "format",
 )
+
+READS = frozenset({"snapshot", "tally", "holding", "history", "entry", "entries"})
+"""Scripts that write nothing (no storage format check before them)."""
 
 MARKED = ("accept", "replace", "seed")
 """Transitions that may make work due sooner. On a standalone server each also runs as

@@ -10,7 +10,8 @@ from typing import Any
 
 from ..core.keys import SessionKeys, WorkspaceKeys
 from .client import Client
-from .replies import ms_or_none, text
+from .replies import Ok, ms_or_none, parse, text
+from .turnstore import Run
 
 SERIES_SLOTS = 120
 """Minutes the ring in ``outboxseries:{ws}`` holds (lib.lua's ``SERIES_SLOTS``): two hours, so
@@ -34,7 +35,8 @@ class SeriesMinute:
 @dataclass(frozen=True, slots=True)
 class LoggedEvent:
     """One event of a session's log: its stream ID's time (server clock, ms), kind, entry ID,
-    and what it carries (the entry, a turn's value or a turn's end; '' for none)."""
+    and, for a turn (its value) and a turn's end (its record), what it carries ('' for the
+    others: their entries are never read here)."""
 
     at_ms: int
     kind: str
@@ -53,10 +55,12 @@ def _minute(field: Any, value: Any) -> SeriesMinute | None:
 
 
 class Series:
-    """The series and history reads of one Store's client."""
+    """The series and history reads of one Store: its ``client``, and ``run`` to run a
+    script (``Store._run``)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, run: Run) -> None:
         self.client = client
+        self._run = run
 
     async def minutes(self, w: WorkspaceKeys) -> tuple[list[SeriesMinute], int | None]:
         """The workspace's recorded minutes (oldest first; a slot holds its last lap only),
@@ -71,11 +75,11 @@ class Series:
         return rows, ms_or_none(first[0][1]) if first else None
 
     async def recent_events(self, k: SessionKeys, count: int) -> list[LoggedEvent]:
-        """The session's newest ``count`` events, newest first (XREVRANGE)."""
-        raw: list[Any] = await self.client.xrevrange(k.events, count=count)
+        """The session's newest ``count`` events, newest first, without the entries they
+        carry (history.lua): a few hundred bytes an event, whatever the entries hold."""
+        _, flat = parse(Ok, await self._run("history", [k.events], [count]))
         out = []
-        for event_id, fields in raw:
-            f = {text(a): text(b) for a, b in dict(fields).items()}
-            at = int(text(event_id).partition("-")[0])
-            out.append(LoggedEvent(at, f.get("kind", ""), f.get("id", ""), f.get("entry", "")))
+        for i in range(0, len(flat), 4):
+            event_id, kind, entry_id, body = (text(x) for x in flat[i : i + 4])
+            out.append(LoggedEvent(int(event_id.partition("-")[0]), kind, entry_id, body))
         return out

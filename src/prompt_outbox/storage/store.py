@@ -1,6 +1,5 @@
 """The Valkey access above the storage layer sees: one method per Lua transition, plus
-reads; ``due`` (dueindex.py) and ``walk`` (walk.py, the walks over every workspace) are the
-parts it owns.
+reads, and the parts it owns: ``due``, ``walk``, ``turns``, ``budgets``, ``picks``, ``series``.
 
 Every session transition is one EVALSHA, reloaded on NOSCRIPT (a restarted server's script
 cache is empty), and auto-pipelined on a standalone server (autopipe.py). Each reply becomes
@@ -24,6 +23,7 @@ from .budget import Budgets
 from .client import Client
 from .dueindex import DueIndex
 from .memory import MemoryCeiling
+from .picks import Picks
 from .replies import (
     Accept,
     Accepted,
@@ -48,12 +48,11 @@ from .replies import (
     parse,
     text,
 )
-from .scripts import CLAIM_MARKER_TTL_MS, LogBounds, sources
+from .scripts import CLAIM_MARKER_TTL_MS, READS, LogBounds, sources
+from .series import Series
 from .topology import topology_of
 from .turnstore import TurnStore
 from .walk import Walk
-
-_READS = frozenset({"snapshot", "tally", "holding"})  # scripts that write nothing: no format check
 
 UNAVAILABLE: tuple[type[Exception], ...] = (
     ValkeyConnectionError,
@@ -78,12 +77,11 @@ def notice_member(ses: str, entry_id: str) -> str:
 class Store:
     """Valkey access for one Outbox. The client is borrowed: its lifecycle is the caller's.
 
-    ``logs`` bounds each session's event log (its newest events, its bytes, and how long it
-    lives) and says how long markers live (``scripts.LogBounds``). ``memory_ratio`` /
-    ``memory_interval``: accepts stop at that share of a node's maxmemory, read at most once
-    per interval (memory.py). ``budget_share``: of the node's memory, a workspace's byte budget
-    (budget.py). On a cluster every transition is still one script on the workspace's slot
-    (its keys share the ``{ws}`` hash tag)."""
+    ``logs``: each session's event log's bounds, the markers' life (``LogBounds``).
+    ``memory_ratio`` / ``memory_interval``: accepts stop at that share of a node's maxmemory,
+    read at most once per interval (memory.py). ``budget_share``: of the node's memory, a
+    workspace's byte budget (budget.py). On a cluster every transition is still one script on
+    the workspace's slot (its keys share the ``{ws}`` hash tag)."""
 
     def __init__(
         self,
@@ -108,8 +106,12 @@ class Store:
         """The walks over every workspace (maintenance, recovery, counts, admin)."""
         self.turns = TurnStore(client, self._run, self.due)
         """Sessions held in turn: their ends, checks and owners (storage/turnstore.py)."""
-        self.budgets = Budgets(self.memory, budget_share, self._run)
+        self.budgets = Budgets(client, self.memory, budget_share, self._run)
         """The workspaces' byte budgets, and what each holds (storage/budget.py)."""
+        self.picks = Picks(self._run)
+        """What an operator action reads of a session: one entry, or a slice (picks.py)."""
+        self.series = Series(client, self._run)
+        """The reads behind the queue page's charts and a session's history (series.py)."""
         self._pipe = self.topology.auto_pipeline(self.load_scripts)
         # How a transition and its due mark travel, chosen once (the only read of the kind):
         # one script with a WAITAOF after it on its connection, or three calls.
@@ -131,7 +133,7 @@ class Store:
         self._format_recorded = True
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if not self._format_recorded and name not in _READS:
+        if not self._format_recorded and name not in READS:
             await self.record_format()
         if self._pipe is None:  # a cluster: alone (autopipe.py)
             return await self._scripts[name](keys=list(keys), args=list(args))
@@ -230,8 +232,7 @@ class Store:
         waits = int(bool(tail))
         args = [k.ses, entry, entry_id, cap, ttl_ms, waits, fingerprint, while_busy, workspace_cap]
         memory = await self.memory.reading(k.queue)
-        over = memory.over(self.memory.ratio)
-        budget = memory.budget(self.budgets.share)
+        over, budget = memory.over(self.memory.ratio), memory.budget(self.budgets.share)
         args += [int(over), now_ms, budget]
         reply, answers = await self._marked_eval(k.ws, now_ms, "accept", keys, args, tail)
         outcome, rest = parse(Accept, reply)
@@ -349,8 +350,7 @@ class Store:
         return Counted(outcome, int(rest[0]) if rest else 0)
 
     async def edit(self, k: SessionKeys, old: str, new: str, entry_id: str) -> Edited:
-        """Swap a pending or error entry's string for its edited one (edit.lua); past the
-        workspace's byte budget (an edit logs it whole) ``WorkspaceBytesFull``, nothing done."""
+        """Swap an entry for its edited one (edit.lua); ``WorkspaceBytesFull`` past the budget."""
         budget = await self.budgets.limit(k.queue)
         args = [old, new, entry_id, budget, k.ses]
         word, rest = parse(Edited, await self._run("edit", k.script_keys(), args))

@@ -107,21 +107,26 @@ local function blocking(status)
   return status == 'pending' or status == 'verifying' or status == 'delivering'
 end
 
--- Walk the queue from its head in growing slices, calling visit(raw, e, index0) for each
--- entry (e nil if it does not decode) until visit returns true. Slices, not LRANGE 0 -1: the
+-- Walk the queue from its head in growing slices, calling visit(raw, index0) for each entry
+-- until visit returns true. Slices, not LRANGE 0 -1: the
 -- delivery head is almost always the first entry, so a hot-path script reads one or a few
 -- entries whatever the queue's length (only error / parked entries ahead of it are read too).
-local function walk(queue, visit)
+local function walk_raw(queue, visit)
   local start, size = 0, 1
   while true do
     local items = redis.call('LRANGE', queue, start, start + size - 1)
     for i, raw in ipairs(items) do
-      if visit(raw, decode(raw), start + i - 1) then return true end
+      if visit(raw, start + i - 1) then return true end
     end
     if #items < size then return false end
     start = start + size
     size = math.min(size * 4, 256)
   end
+end
+
+-- walk_raw(), each entry also decoded for visit(raw, e, index0).
+local function walk(queue, visit)
+  return walk_raw(queue, function(raw, i) return visit(raw, decode(raw), i) end)
 end
 
 -- The first blocking entry of the queue: raw string and due time (ms), or nil.
