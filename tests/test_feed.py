@@ -365,7 +365,7 @@ async def test_a_reader_that_keeps_up_is_not_cut_by_the_byte_bound(client: Clien
     # 40 events of ~40 KB (1.6 MB) through a bound of 100 KB: a reader that takes each as it
     # comes never has more than the one in hand unread.
     feed = EventFeed(Store(client), FeedLimits(max_behind_bytes=100 * KB))
-    outbox = Outbox(client, FAST)
+    outbox = Outbox(client, ROOMY)
     entry = await outbox.accept(WS, SES, "u", "c0", "small")
     got: list[Event] = []
     with feed.follow(session_keys(WS, SES), "0-0") as follower:

@@ -164,7 +164,7 @@ def test_an_operator_argument_holding_one_is_a_usage_error(server_url: str) -> N
     ("deliverer", "variable"),
     [
         (["--webhook-url", "http://127.0.0.1:9/hook"], "PROMPT_OUTBOX_WEBHOOK_SECRET"),
-        (["--opencode-url", "http://127.0.0.1:9"], "OPENCODE_SERVER_PASSWORD"),
+        (["--opencode-url", "http://127.0.0.1:9/{workspace}"], "OPENCODE_SERVER_PASSWORD"),
     ],
 )
 def test_a_deliverer_secret_holding_one_is_a_usage_error(

@@ -32,7 +32,7 @@
     ARGV[11]   the entry's acceptedAt, ms (the tally's oldest pending, without decoding it)
     ARGV[12]   the workspace's byte budget: what its queued entries (KEYS[8]'s BYTES_TOTAL,
                kept by sized), its event logs and its markers (KEYS[10], kept by emit and
-               marker_spent) may take before its accepts stop (0: no budget)
+               markers_spent) may take before its accepts stop (0: no budget)
 
   Output:
     {'ok'[, staged id]}    pushed, marker set; for 'interrupt', the ID of the entry being
@@ -90,8 +90,7 @@ redis.call('RPUSH', KEYS[Q], entry)
 emit(KEYS, 'accepted', id, entry)
 redis.call('SET', KEYS[11], id, 'PX', ttl)
 redis.call('SET', KEYS[12], ARGV[7], 'PX', ttl)
-marker_spent(KEYS, KEYS[11], id)
-marker_spent(KEYS, KEYS[12], ARGV[7])
+markers_spent(KEYS, KEYS[11], id, KEYS[12], ARGV[7])
 tally().pushed(KEYS, ses, n, tonumber(ARGV[11]))
 series(KEYS, tonumber(ARGV[11]), 1, 1)
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.

@@ -78,7 +78,7 @@ local removed = from_d + from_q
 if removed > 0 then
   sized(KEYS, ses)
   redis.call('SET', KEYS[11], lockval, 'PX', ARGV[5])
-  marker_spent(KEYS, KEYS[11], lockval)
+  markers_spent(KEYS, KEYS[11], lockval)
   if grace > 0 then
     redis.call('HSET', KEYS[12], ses .. ':' .. id, entry)
     redis.call('ZADD', KEYS[13], now + grace, ses .. ':' .. id)

@@ -269,9 +269,11 @@ end
 -- entries in the keyspace and expiry tables, its object and headers).
 local MARKER_KEY_BYTES = 64
 
--- A marker of `key` holding `value` was written.
-local function marker_spent(K, key, value)
-  spent(K, 'm', MARKERS_TTL_MS, #key + #value + MARKER_KEY_BYTES)
+-- Markers were written: each a key and a value, as (key, value, key, value, ...).
+local function markers_spent(K, ...)
+  local n, kv = 0, {...}
+  for i = 1, #kv, 2 do n = n + #kv[i] + #kv[i + 1] + MARKER_KEY_BYTES end
+  spent(K, 'm', MARKERS_TTL_MS, n)
 end
 
 -- The workspace's queued bytes: what its sessions' queues and staging lists take in memory
