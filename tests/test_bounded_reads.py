@@ -7,9 +7,11 @@ sent (INFO stats), against sessions of 100 kB prompts."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
+import httpx
 import pytest
 
 from prompt_outbox import DismissResult, EditResult, Entry, Outbox, RetryResult, Status, Turn
@@ -137,3 +139,28 @@ async def test_a_list_over_the_budget_is_refused_before_its_entries_are_read(
         r = await http.get(f"/v1/workspaces/{WS}/sessions/{SES}/prompts", headers=ALICE)
         assert r.status_code == 200 and len(r.json()["entries"]) == 25
         assert state.answers.held == 0  # settled, then given back
+
+
+async def test_a_burst_of_streams_on_empty_sessions_all_open(
+    client: Client, clock: ManualClock
+) -> None:
+    # Phones reconnecting at once after a restart: their resets are charged as each is read
+    # (through the feed's bounded reads), not reserved all at once before (300 x 76 KiB
+    # would pass the token's 16 MiB), and every one opens.
+    outbox = Outbox(client, ROOMY, clock=clock)
+    async for http in serve(outbox):
+        limits = httpx.Limits(max_connections=400)
+        async with httpx.AsyncClient(base_url=http.base_url, limits=limits, timeout=30) as phones:
+            codes = await asyncio.gather(*(opened(phones, f"p{i}") for i in range(300)))
+        assert codes == [200] * 300
+
+
+async def opened(http: httpx.AsyncClient, ses: str) -> int:
+    """The status of an event stream of ``ses``, once its reset came (0: it never did)."""
+    async with http.stream("GET", f"/v1/workspaces/{WS}/sessions/{ses}/events", headers=ALICE) as r:
+        if r.status_code != 200:
+            return r.status_code
+        async for line in r.aiter_lines():
+            if line.startswith("event: queue.reset"):
+                return 200
+    return 0

@@ -107,8 +107,11 @@ def held_size(entry: Entry) -> int:
 def read_charge(stored: int) -> int:
     """What an answer is charged before its entries are read, from the bytes they take in
     Valkey (``Overview.session_bytes``): the read is refused (429 / 503) before it costs the
-    process anything; ``Hold.settle`` then makes it the exact ``charge``."""
-    return RESERVE + READ_FACTOR * stored
+    process anything; ``Hold.settle`` then makes it the exact ``charge``. Not ``RESERVE``
+    yet, which the writing needs, not the read: a burst of streams opening on empty sessions
+    (phones reconnecting after a restart) is charged as each one's reset is read, through
+    the feed's bounded reads, not all at once."""
+    return READ_FACTOR * stored
 
 
 def charge(item: QueueReset | QueueEvent | list[Entry]) -> int:

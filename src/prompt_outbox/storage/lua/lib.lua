@@ -276,23 +276,27 @@ local function markers_spent(K, ...)
   spent(K, 'm', MARKERS_TTL_MS, n)
 end
 
+-- K[COUNT]'s `field` set to n (no field for 0), and its `total` field moved by the difference,
+-- so that a total is always the sum of its fields: the total's new value (nil: unchanged).
+local function counted(K, field, n, total)
+  local before = tonumber(redis.call('HGET', K[COUNT], field) or '0')
+  if n == before then return nil end
+  if n > 0 then
+    redis.call('HSET', K[COUNT], field, n)
+  else
+    redis.call('HDEL', K[COUNT], field)
+  end
+  return redis.call('HINCRBY', K[COUNT], total, n - before)
+end
+
 -- The workspace's queued bytes: what its sessions' queues and staging lists take in memory
 -- (MEMORY USAGE, exact, O(a list's nodes)), kept per session in K[COUNT] ('<ses>|bytes') and
 -- in all (BYTES_TOTAL) by sized(), after every script that changes a session's lists.
 local function sized(K, ses)
   local b = (redis.call('MEMORY', 'USAGE', K[Q], 'SAMPLES', '0') or 0)
     + (redis.call('MEMORY', 'USAGE', K[D], 'SAMPLES', '0') or 0)
-  local field = ses .. COUNT_SEP .. 'bytes'
-  local before = tonumber(redis.call('HGET', K[COUNT], field) or '0')
-  if b == before then return end
-  if b > 0 then
-    redis.call('HSET', K[COUNT], field, b)
-  else
-    redis.call('HDEL', K[COUNT], field)
-  end
-  if redis.call('HINCRBY', K[COUNT], BYTES_TOTAL, b - before) <= 0 then
-    redis.call('HDEL', K[COUNT], BYTES_TOTAL)
-  end
+  local total = counted(K, ses .. COUNT_SEP .. 'bytes', b, BYTES_TOTAL)
+  if total and total <= 0 then redis.call('HDEL', K[COUNT], BYTES_TOTAL) end
 end
 
 -- What the workspace holds against its budget: its queued bytes and what its event logs and
@@ -439,16 +443,8 @@ end
 -- from before the count, a stage that failed between its two writes) is exact again after
 -- its next script. A session without entries keeps no field, a workspace without any no key.
 local function count(K, ses, n)
-  local before = tonumber(redis.call('HGET', K[COUNT], ses) or '0')
-  if n == before then return end
-  if n > 0 then
-    redis.call('HSET', K[COUNT], ses, n)
-  else
-    redis.call('HDEL', K[COUNT], ses)
-  end
-  if redis.call('HINCRBY', K[COUNT], COUNT_TOTAL, n - before) <= 0 then
-    redis.call('DEL', K[COUNT])
-  end
+  local total = counted(K, ses, n, COUNT_TOTAL)
+  if total and total <= 0 then redis.call('DEL', K[COUNT]) end
 end
 
 -- count() from the lists' lengths, for a script that removed entries and keeps the other
