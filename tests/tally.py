@@ -90,14 +90,22 @@ async def sized(client: Client, ws: str) -> dict[str, int]:
     return {text(f): int(v) for f, v in raw.items() if is_bytes_field(text(f))}
 
 
+ENTRY_BYTES = 64
+"""What an entry counts beside its string (``lua/lib.lua`` ``entry_bytes``)."""
+
+
 async def resized(client: Client, ws: str) -> dict[str, int]:
-    """What the queued bytes must be: MEMORY USAGE of each session's lists, found by SCAN."""
+    """What the queued bytes must be: each session's entries' strings and ``ENTRY_BYTES``
+    each, from the lists themselves (found by SCAN)."""
     want: dict[str, int] = {}
     for ses in await sessions_in(client, ws):
         k = SessionKeys(ws, ses)
         n = 0
         for key in (k.queue, k.staging):
-            n += int(await client.memory_usage(key, samples=0) or 0)  # type: ignore[misc]
+            raws = await client.lrange(key, 0, -1)  # type: ignore[misc]
+            n += sum(
+                len(raw if isinstance(raw, bytes) else raw.encode()) + ENTRY_BYTES for raw in raws
+            )
         if n:
             want[f"{ses}{COUNT_SEP}bytes"] = n
     if want:

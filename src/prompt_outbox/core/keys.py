@@ -220,7 +220,7 @@ class WorkspaceKeys:
         kept by ``lib.lua`` ``emit``), its dedupe and claim markers (``m<w>``, windows of
         their longest life), and each session log's bytes since it began (field: the log's
         key). The current and the previous windows hold every byte still held: with the
-        queued bytes, what the workspace's byte budget counts (``lib.lua`` ``over_budget``)."""
+        queued bytes, what the workspace's byte budget counts (``lib.lua`` ``budget().over``)."""
         return f"outboxlogbytes:{{{self.ws}}}"
 
     @property

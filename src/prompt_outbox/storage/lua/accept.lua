@@ -31,8 +31,8 @@
                refuse; 0: go on
     ARGV[11]   the entry's acceptedAt, ms (the tally's oldest pending, without decoding it)
     ARGV[12]   the workspace's byte budget: what its queued entries (KEYS[8]'s BYTES_TOTAL,
-               kept by sized), its event logs and its markers (KEYS[10], kept by emit and
-               markers_spent) may take before its accepts stop (0: no budget)
+               kept by resized), its event logs and its markers (KEYS[10], kept by emit and
+               budget().markers_spent) may take before its accepts stop (0: no budget)
 
   Output:
     {'ok'[, staged id]}    pushed, marker set; for 'interrupt', the ID of the entry being
@@ -80,17 +80,18 @@ if n >= cap then return {'full', n}, true end
 -- O(1): the count's total field, kept by index() in every session script (lib.lua).
 local total = tonumber(redis.call('HGET', KEYS[COUNT], COUNT_TOTAL) or '0')
 if total >= tonumber(ARGV[9]) then return {'workspace_full', total}, true end
--- O(1) too: five fields of the counts (lib.lua over_budget).
-local over = over_budget(KEYS, tonumber(ARGV[12]), #entry)
+-- O(1) too: five fields of the counts (lib.lua budget().over).
+local over = budget().over(KEYS, tonumber(ARGV[12]), #entry)
 if over then
   table.insert(over, 1, 'bytes_full')
   return over, true
 end
 redis.call('RPUSH', KEYS[Q], entry)
+resized(KEYS, ses, entry_bytes(entry))
 emit(KEYS, 'accepted', id, entry)
 redis.call('SET', KEYS[11], id, 'PX', ttl)
 redis.call('SET', KEYS[12], ARGV[7], 'PX', ttl)
-markers_spent(KEYS, KEYS[11], id, KEYS[12], ARGV[7])
+budget().markers_spent(KEYS, KEYS[11], id, KEYS[12], ARGV[7])
 tally().pushed(KEYS, ses, n, tonumber(ARGV[11]))
 series(KEYS, tonumber(ARGV[11]), 1, 1)
 -- A new entry has no nextAttemptAt: due at once (0) once it is the head.

@@ -71,14 +71,16 @@ local before = T.before(KEYS, ses, redis.call('LLEN', KEYS[Q]) + staged)
 -- Staging, then the queue up to its head: every copy a stage, restore or recovery can leave
 -- sits there (they insert at or before the head). Only when neither holds one (the claim of
 -- an error entry further back, or of nothing) is the whole queue read.
-local from_d, error_d, gone_d = remove_id(KEYS[D], id, false)
-local from_q, error_q, gone_q = remove_id(KEYS[Q], id, true)
-if from_d + from_q == 0 then from_q, error_q, gone_q = remove_id(KEYS[Q], id, false) end
+local from_d, error_d, gone_d, bytes_d = remove_id(KEYS[D], id, false)
+local from_q, error_q, gone_q, bytes_q = remove_id(KEYS[Q], id, true)
+if from_d + from_q == 0 then
+  from_q, error_q, gone_q, bytes_q = remove_id(KEYS[Q], id, false)
+end
 local removed = from_d + from_q
 if removed > 0 then
-  sized(KEYS, ses)
+  resized(KEYS, ses, -(bytes_d + bytes_q))
   redis.call('SET', KEYS[11], lockval, 'PX', ARGV[5])
-  markers_spent(KEYS, KEYS[11], lockval)
+  budget().markers_spent(KEYS, KEYS[11], lockval)
   if grace > 0 then
     redis.call('HSET', KEYS[12], ses .. ':' .. id, entry)
     redis.call('ZADD', KEYS[13], now + grace, ses .. ':' .. id)

@@ -26,7 +26,7 @@
   Events: edited.
 ]]
 if held_by_other(KEYS, '') then return {'busy'} end
-local over = over_budget(KEYS, tonumber(ARGV[4]), #ARGV[2])
+local over = budget().over(KEYS, tonumber(ARGV[4]), #ARGV[2])
 if over then
   table.insert(over, 1, 'bytes_full')
   return over
@@ -35,5 +35,5 @@ local idx = redis.call('LPOS', KEYS[Q], ARGV[1])
 if not idx then return {'changed'} end
 redis.call('LSET', KEYS[Q], idx, ARGV[2])
 emit(KEYS, 'edited', ARGV[3], ARGV[2])
-sized(KEYS, ARGV[5])
+resized(KEYS, ARGV[5], #ARGV[2] - #ARGV[1])
 return {'ok'}

@@ -102,6 +102,13 @@ local function turn_record(v)
   return decode(turn_body(v))
 end
 
+-- What an entry counts for in its workspace's queued bytes (its budget): its string, and what
+-- a list's node takes beside it, about.
+local ENTRY_BYTES = 64
+local function entry_bytes(raw)
+  return #raw + ENTRY_BYTES
+end
+
 -- pending / verifying (and a delivering copy found in the queue) hold back the entries behind.
 local function blocking(status)
   return status == 'pending' or status == 'verifying' or status == 'delivering'
@@ -151,8 +158,8 @@ end
 
 -- Remove every copy of the entry with this id from a list, or (head_only) from the queue's
 -- entries up to and including its delivery head. Returns how many went, whether one of
--- them was an error entry (the errors index must then be re-derived), and the status of each
--- (the tally moves by them).
+-- them was an error entry (the errors index must then be re-derived), the status of each
+-- (the tally moves by them), and the bytes they counted (entry_bytes).
 local function remove_id(list, id, head_only)
   local found, statuses = {}, {}
   local had_error = false
@@ -164,9 +171,12 @@ local function remove_id(list, id, head_only)
     end
     return head_only and e ~= nil and blocking(e.status)
   end)
-  local n = 0
-  for _, raw in ipairs(found) do n = n + redis.call('LREM', list, 1, raw) end
-  return n, had_error, statuses
+  local n, bytes = 0, 0
+  for _, raw in ipairs(found) do
+    local gone = redis.call('LREM', list, 1, raw)
+    n, bytes = n + gone, bytes + gone * entry_bytes(raw)
+  end
+  return n, had_error, statuses, bytes
 end
 
 -- Put an entry back where it stood: before the first entry that blocks (the delivery head)
@@ -211,69 +221,125 @@ local function window(width)
   return math.floor(server_ms() / width)
 end
 
--- Drop what no check reads any more (windows before the previous one, the records of logs
--- that began before it: they have expired), and let the key expire when the newest thing it
--- holds stops counting. Run once per window's first bytes: O(the fields), a few per session
--- that logged in the last two windows.
-local function prune_written(K)
-  local wl, wm = window(EVENTS_TTL_MS), window(MARKERS_TTL_MS)
-  local last = 0
-  local fields = redis.call('HGETALL', K[LOGBYTES])
-  for i = 1, #fields, 2 do
-    local field, value = fields[i], fields[i + 1]
-    local lw, mw = tonumber(field), tonumber(string.match(field, '^m(%d+)$'))
-    local began = tonumber(string.match(value, '^(%d+):'))
-    local ends
-    if lw then
-      if lw >= wl - 1 then ends = (lw + 2) * EVENTS_TTL_MS end
-    elseif mw then
-      if mw >= wm - 1 then ends = (mw + 2) * MARKERS_TTL_MS end
-    elseif began and began >= wl - 1 then
-      ends = (began + 2) * EVENTS_TTL_MS
+local spent  -- below: the budget's functions count markers with it, and it prunes with them
+
+-- The budget's functions, made on a script's first call of budget() (as tally()'s): every
+-- function the prelude makes costs every call of every script, and most never use these.
+local budget_fns
+local function budget()
+  if budget_fns then return budget_fns end
+  -- Drop what no check reads any more (windows before the previous one, the records of logs
+  -- that began before it: they have expired), and let the key expire when the newest thing it
+  -- holds stops counting. Run once per window's first bytes: O(the fields), a few per session
+  -- that logged in the last two windows.
+  local function prune_written(K)
+    local wl, wm = window(EVENTS_TTL_MS), window(MARKERS_TTL_MS)
+    local last = 0
+    local fields = redis.call('HGETALL', K[LOGBYTES])
+    for i = 1, #fields, 2 do
+      local field, value = fields[i], fields[i + 1]
+      local lw, mw = tonumber(field), tonumber(string.match(field, '^m(%d+)$'))
+      local began = tonumber(string.match(value, '^(%d+):'))
+      local ends
+      if lw then
+        if lw >= wl - 1 then ends = (lw + 2) * EVENTS_TTL_MS end
+      elseif mw then
+        if mw >= wm - 1 then ends = (mw + 2) * MARKERS_TTL_MS end
+      elseif began and began >= wl - 1 then
+        ends = (began + 2) * EVENTS_TTL_MS
+      end
+      if ends then
+        last = math.max(last, ends)
+      else
+        redis.call('HDEL', K[LOGBYTES], field)
+      end
     end
-    if ends then
-      last = math.max(last, ends)
-    else
-      redis.call('HDEL', K[LOGBYTES], field)
+    if last > 0 then redis.call('PEXPIREAT', K[LOGBYTES], string.format('%d', last)) end
+  end
+
+  -- Take n bytes that a log held off the log windows, the previous one first: whatever window
+  -- they were logged in, the sum keeps bounding what the logs hold, and so does the current
+  -- window alone once the previous one drops out (it is never lowered by more than what it
+  -- counted of them).
+  local function unspent(K, n)
+    local w = window(EVENTS_TTL_MS)
+    for _, at in ipairs({w - 1, w}) do
+      local field = string.format('%d', at)
+      local take = math.min(n, tonumber(redis.call('HGET', K[LOGBYTES], field) or '0'))
+      if take > 0 then
+        redis.call('HINCRBY', K[LOGBYTES], field, -take)
+        n = n - take
+      end
     end
   end
-  if last > 0 then redis.call('PEXPIREAT', K[LOGBYTES], string.format('%d', last)) end
+
+  -- A dedupe or claim marker's key and value take this much more than their bytes (the key's
+  -- entries in the keyspace and expiry tables, its object and headers).
+  local MARKER_KEY_BYTES = 64
+
+  -- Markers were written: each a key and a value, as (key, value, key, value, ...).
+  local function markers_spent(K, ...)
+    local n, kv = 0, {...}
+    for i = 1, #kv, 2 do n = n + #kv[i] + #kv[i + 1] + MARKER_KEY_BYTES end
+    spent(K, 'm', MARKERS_TTL_MS, n)
+  end
+
+  -- What the workspace holds against its budget: its queued bytes and what its event logs and
+  -- markers took in the windows still counted ({w, w - 1} of each), read in O(1): one HMGET and
+  -- one HGET. l0, l1, m0, m1: the current and previous windows' bytes of logs and markers.
+  local function holding(K)
+    local wl, wm = window(EVENTS_TTL_MS), window(MARKERS_TTL_MS)
+    local got = redis.call('HMGET', K[LOGBYTES], string.format('%d', wl),
+      string.format('%d', wl - 1), string.format('m%d', wm), string.format('m%d', wm - 1))
+    return {
+      queued = tonumber(redis.call('HGET', K[COUNT], BYTES_TOTAL) or '0'),
+      l0 = tonumber(got[1]) or 0, l1 = tonumber(got[2]) or 0,
+      m0 = tonumber(got[3]) or 0, m1 = tonumber(got[4]) or 0,
+      wl = wl, wm = wm,
+    }
+  end
+
+  -- nil while the workspace may take `incoming` bytes more within `budget` (0: no budget);
+  -- else what it holds: {used, queued, logs, markers, ms, d}, ms being how long until the
+  -- windows passing alone bring it under (0: they cannot), d 1 when deliveries, taking its
+  -- queued bytes, could (0: only time can).
+  local function over_budget(K, budget, incoming)
+    if budget <= 0 then return nil end
+    local h = holding(K)
+    local used = h.queued + h.l0 + h.l1 + h.m0 + h.m1
+    if used + incoming <= budget then return nil end
+    -- A previous window stops counting at the next boundary, the current one at the one after.
+    local drops = {
+      {(h.wl + 1) * EVENTS_TTL_MS, h.l1}, {(h.wl + 2) * EVENTS_TTL_MS, h.l0},
+      {(h.wm + 1) * MARKERS_TTL_MS, h.m1}, {(h.wm + 2) * MARKERS_TTL_MS, h.m0},
+    }
+    table.sort(drops, function(a, b) return a[1] < b[1] end)
+    local left, clears = used + incoming, 0
+    for _, d in ipairs(drops) do
+      left = left - d[2]
+      if left <= budget then
+        clears = d[1] - server_ms()
+        break
+      end
+    end
+    local deliveries = used + incoming - h.queued <= budget and 1 or 0
+    return {used, h.queued, h.l0 + h.l1, h.m0 + h.m1, clears, deliveries}
+  end
+
+  budget_fns = {
+    prune = prune_written, unspent = unspent, markers_spent = markers_spent,
+    holding = holding, over = over_budget,
+  }
+  return budget_fns
 end
 
 -- Count n bytes written now into the windows named by `prefix` ('' logs, 'm' markers) of
 -- `width` ms.
-local function spent(K, prefix, width, n)
+function spent(K, prefix, width, n)
   local w = window(width)
   if redis.call('HINCRBY', K[LOGBYTES], prefix .. string.format('%d', w), n) == n then
-    prune_written(K)
+    budget().prune(K)
   end
-end
-
--- Take n bytes that a log held off the log windows, the previous one first: whatever window
--- they were logged in, the sum keeps bounding what the logs hold, and so does the current
--- window alone once the previous one drops out (it is never lowered by more than what it
--- counted of them).
-local function unspent(K, n)
-  local w = window(EVENTS_TTL_MS)
-  for _, at in ipairs({w - 1, w}) do
-    local field = string.format('%d', at)
-    local take = math.min(n, tonumber(redis.call('HGET', K[LOGBYTES], field) or '0'))
-    if take > 0 then
-      redis.call('HINCRBY', K[LOGBYTES], field, -take)
-      n = n - take
-    end
-  end
-end
-
--- A dedupe or claim marker's key and value take this much more than their bytes (the key's
--- entries in the keyspace and expiry tables, its object and headers).
-local MARKER_KEY_BYTES = 64
-
--- Markers were written: each a key and a value, as (key, value, key, value, ...).
-local function markers_spent(K, ...)
-  local n, kv = 0, {...}
-  for i = 1, #kv, 2 do n = n + #kv[i] + #kv[i + 1] + MARKER_KEY_BYTES end
-  spent(K, 'm', MARKERS_TTL_MS, n)
 end
 
 -- K[COUNT]'s `field` set to n (no field for 0), and its `total` field moved by the difference,
@@ -289,56 +355,22 @@ local function counted(K, field, n, total)
   return redis.call('HINCRBY', K[COUNT], total, n - before)
 end
 
--- The workspace's queued bytes: what its sessions' queues and staging lists take in memory
--- (MEMORY USAGE, exact, O(a list's nodes)), kept per session in K[COUNT] ('<ses>|bytes') and
--- in all (BYTES_TOTAL) by sized(), after every script that changes a session's lists.
-local function sized(K, ses)
-  local b = (redis.call('MEMORY', 'USAGE', K[Q], 'SAMPLES', '0') or 0)
-    + (redis.call('MEMORY', 'USAGE', K[D], 'SAMPLES', '0') or 0)
-  local total = counted(K, ses .. COUNT_SEP .. 'bytes', b, BYTES_TOTAL)
+-- The workspace's queued bytes: what its sessions' queues and staging lists hold
+-- (entry_bytes of each entry), kept per session in K[COUNT] ('<ses>|bytes') and in all
+-- (BYTES_TOTAL): set from the lists by refresh() (sized), moved by the difference by the
+-- scripts that change entries without it (resized: accept, stage, complete, edit).
+local function sized(K, ses, bytes)
+  local total = counted(K, ses .. COUNT_SEP .. 'bytes', bytes, BYTES_TOTAL)
   if total and total <= 0 then redis.call('HDEL', K[COUNT], BYTES_TOTAL) end
 end
 
--- What the workspace holds against its budget: its queued bytes and what its event logs and
--- markers took in the windows still counted ({w, w - 1} of each), read in O(1): one HMGET and
--- one HGET. l0, l1, m0, m1: the current and previous windows' bytes of logs and markers.
-local function holding(K)
-  local wl, wm = window(EVENTS_TTL_MS), window(MARKERS_TTL_MS)
-  local got = redis.call('HMGET', K[LOGBYTES], string.format('%d', wl),
-    string.format('%d', wl - 1), string.format('m%d', wm), string.format('m%d', wm - 1))
-  return {
-    queued = tonumber(redis.call('HGET', K[COUNT], BYTES_TOTAL) or '0'),
-    l0 = tonumber(got[1]) or 0, l1 = tonumber(got[2]) or 0,
-    m0 = tonumber(got[3]) or 0, m1 = tonumber(got[4]) or 0,
-    wl = wl, wm = wm,
-  }
-end
-
--- nil while the workspace may take `incoming` bytes more within `budget` (0: no budget);
--- else what it holds: {used, queued, logs, markers, ms, d}, ms being how long until the
--- windows passing alone bring it under (0: they cannot), d 1 when deliveries, taking its
--- queued bytes, could (0: only time can).
-local function over_budget(K, budget, incoming)
-  if budget <= 0 then return nil end
-  local h = holding(K)
-  local used = h.queued + h.l0 + h.l1 + h.m0 + h.m1
-  if used + incoming <= budget then return nil end
-  -- A previous window stops counting at the next boundary, the current one at the one after.
-  local drops = {
-    {(h.wl + 1) * EVENTS_TTL_MS, h.l1}, {(h.wl + 2) * EVENTS_TTL_MS, h.l0},
-    {(h.wm + 1) * MARKERS_TTL_MS, h.m1}, {(h.wm + 2) * MARKERS_TTL_MS, h.m0},
-  }
-  table.sort(drops, function(a, b) return a[1] < b[1] end)
-  local left, clears = used + incoming, 0
-  for _, d in ipairs(drops) do
-    left = left - d[2]
-    if left <= budget then
-      clears = d[1] - server_ms()
-      break
-    end
+local function resized(K, ses, delta)
+  if delta == 0 then return end
+  local field = ses .. COUNT_SEP .. 'bytes'
+  if redis.call('HINCRBY', K[COUNT], field, delta) <= 0 then redis.call('HDEL', K[COUNT], field) end
+  if redis.call('HINCRBY', K[COUNT], BYTES_TOTAL, delta) <= 0 then
+    redis.call('HDEL', K[COUNT], BYTES_TOTAL)
   end
-  local deliveries = used + incoming - h.queued <= budget and 1 or 0
-  return {used, h.queued, h.l0 + h.l1, h.m0 + h.m1, clears, deliveries}
 end
 
 -- Append to the session's event log in the same script as the change it reports, so a
@@ -374,7 +406,7 @@ local function emit(K, kind, id, raw)
     local last = redis.call('XREVRANGE', K[EVENTS], '+', '-', 'COUNT', 1)[1]
     after = last and last[1]
     redis.call('XTRIM', K[EVENTS], 'MAXLEN', 0)
-    unspent(K, held)
+    budget().unspent(K, held)
     fresh = true
   end
   local event_id
@@ -584,7 +616,9 @@ local function tally()
   -- head's due time (nil when nothing blocks) and whether it holds an error entry.
   local function derive(K)
     local t, due, has_error = new_tally(), nil, false
+    t.bytes = 0
     for _, raw in ipairs(redis.call('LRANGE', K[D], 0, -1)) do
+      t.bytes = t.bytes + entry_bytes(raw)
       local e = decode(raw)
       if e then
         if AT[e.status] then t[AT[e.status]] = t[AT[e.status]] + 1 end
@@ -593,6 +627,7 @@ local function tally()
       end
     end
     for _, raw in ipairs(redis.call('LRANGE', K[Q], 0, -1)) do
+      t.bytes = t.bytes + entry_bytes(raw)
       local e = decode(raw)
       if e then
         if AT[e.status] then t[AT[e.status]] = t[AT[e.status]] + 1 end
@@ -742,12 +777,12 @@ end
 -- derived, called at the end of every script that changes a session. Reads the whole queue
 -- (the errors index needs every entry) and staging (0 or 1 entry but after a failure): for
 -- scripts that may add or remove an error entry. The tally is derived from the same read,
--- and the session's bytes measured (sized).
+-- and the session's queued bytes (sized).
 local function refresh(K, ses, now)
   local T = tally()
   local t, due, has_error = T.derive(K)
   T.store(K, ses, t)
-  sized(K, ses)
+  sized(K, ses, t.bytes)
   if has_error then
     redis.call('SADD', K[ERRORS], ses)
   else
@@ -773,7 +808,6 @@ end
 local function index_pushed(K, ses, n, due)
   if n == 0 then redis.call('SADD', K[SESSIONS], ses) end
   count(K, ses, n + 1)
-  sized(K, ses)
   return redis.call('ZADD', K[READY], 'NX', due, ses) == 1
 end
 

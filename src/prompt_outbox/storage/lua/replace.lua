@@ -40,7 +40,7 @@ if bound > 0 then
   -- Each swapped entry is logged whole now, and again at each of its later moves.
   local incoming = 0
   for i = 6, #ARGV, 2 do incoming = incoming + #ARGV[i] end
-  local over = over_budget(KEYS, bound, incoming)
+  local over = budget().over(KEYS, bound, incoming)
   if over then
     table.insert(over, 1, 'bytes_full')
     return over

@@ -3,8 +3,9 @@
   between leaves the entry in both lists (a possible duplicate, never a loss). The entry
   count (KEYS[8]) stays: the entry moves from one list to the other. (A failure between the
   two writes leaves the count one short until the session's next script counts again.) Its
-  bytes are measured again (sized: the staged copy differs). The tally moves from the entry's old status to delivering, with its send start; when the entry
-  was pending, the oldest pending is the queue's next pending entry (tally_staged).
+  queued bytes move by what the staged copy adds (resized). The tally moves from the entry's
+  old status to delivering, with its send start; when the entry was pending, the oldest
+  pending is the queue's next pending entry (tally_staged).
 
   With ARGV[4], it also forgets an OnDelivered call owed that has run (notified.lua's work,
   riding on the next stage instead of a round trip of its own), whatever the stage's outcome:
@@ -42,7 +43,7 @@ if redis.call('LLEN', KEYS[D]) == 0 then
 end
 redis.call('RPUSH', KEYS[D], staged)
 redis.call('LREM', KEYS[Q], 1, original)
-sized(KEYS, ses)
+resized(KEYS, ses, #staged - #original)
 local e = emit_state(KEYS, staged)
 T.staged(KEYS, ses, before, T.status_of(original), e)
 -- No clock of its own: the staged copy's send start is the caller's now (an undecodable copy
