@@ -36,7 +36,8 @@ class Budgets:
         return Holding.of(payload)
 
     async def session_bytes(self, k: SessionKeys) -> int:
-        """What the session's queue and staging take in Valkey's memory, as the scripts keep
-        it (``lib.lua`` ``sized``; 0 for a session no script of this version has written)."""
+        """What the session's queue and staging hold (their entries' strings and 64 B each, as
+        the scripts keep it: ``lib.lua`` ``entry_bytes``; 0 for a session no script of this
+        version has written)."""
         raw = await self.client.hget(k.workspace.count, bytes_field(k.ses))  # type: ignore[misc]
         return int(raw or 0)
