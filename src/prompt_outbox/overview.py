@@ -50,8 +50,8 @@ MAX_HISTORY = 200
 
 @dataclass(frozen=True, slots=True)
 class BudgetUse:
-    """What a workspace holds against its byte budget, in bytes: its queued entries (what
-    their lists take in Valkey's memory), and what its event logs and its dedupe and claim
+    """What a workspace holds against its byte budget, in bytes: its queued entries (their
+    strings, and 64 B each beside), and what its event logs and its dedupe and claim
     markers took in the windows still counted (docs/design.md, "What one tenant may store");
     ``limit``, its budget (``Tunables.workspace_budget_share`` of ``memory``: its node's
     maxmemory, or the machine's memory; 0 when neither is known: no budget)."""

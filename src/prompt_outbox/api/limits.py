@@ -130,8 +130,9 @@ class TokenBudgets:
             raise ValueError(f"a token's budget share must be above 0 and at most 1, got {share!r}")
         self.share, self.workspace_share, self.interval = share, workspace_share, interval
         self._clock = clock
-        # Principal -> (when read, bytes its workspaces held): a row per token of the file.
-        self._held: dict[Principal, tuple[float, int]] = {}
+        # Principal -> (when read, bytes its workspaces held, each one's node's memory): a row
+        # per token of the file.
+        self._held: dict[Principal, tuple[float, int, dict[str, int]]] = {}
         self._reads: dict[Principal, asyncio.Lock] = {}
 
     def bounds(self, caller: Principal) -> bool:
@@ -141,15 +142,12 @@ class TokenBudgets:
 
     async def check(self, caller: Principal, ws: str, overview: Overview) -> None:
         """Refuse (429 ``token_bytes_full``) a write of ``caller`` to ``ws`` while its
-        workspaces hold its budget or more."""
+        workspaces hold its budget or more (of the memory of ``ws``'s node)."""
         if not self.bounds(caller):
             return
-        use = await overview.budget(ws)  # the node's memory: from the cached reading
-        limit = int(self.share * use.memory)
-        if not limit:
-            return  # Valkey says nothing of its memory: no share to take
-        held = await self._holding(caller, overview)
-        if held >= limit:
+        held, memory = await self._holding(caller, overview)
+        limit = int(self.share * memory.get(ws, 0))
+        if limit and held >= limit:  # no limit: Valkey says nothing of its memory
             raise ApiError(
                 429,
                 "token_bytes_full",
@@ -160,17 +158,21 @@ class TokenBudgets:
                 headers=FULL_RETRY_AFTER,
             )
 
-    async def _holding(self, caller: Principal, overview: Overview) -> int:
+    async def _holding(self, caller: Principal, overview: Overview) -> tuple[int, dict[str, int]]:
+        """What the caller's workspaces hold together, and the memory of each one's node, as
+        read at most ``interval`` ago."""
         # One read per token at a time: its writes meanwhile wait for it, then share it.
         async with self._reads.setdefault(caller, asyncio.Lock()):
             seen = self._held.get(caller)
             now = self._clock()
             if seen is not None and now - seen[0] < self.interval:
-                return seen[1]
-            uses = await asyncio.gather(*(overview.budget(ws) for ws in caller.workspaces))
+                return seen[1], seen[2]
+            names = sorted(caller.workspaces)
+            uses = await asyncio.gather(*(overview.budget(ws) for ws in names))
             held = sum(use.used for use in uses)
-            self._held[caller] = (now, held)
-            return held
+            memory = {ws: use.memory for ws, use in zip(names, uses, strict=True)}
+            self._held[caller] = (now, held, memory)
+            return held, memory
 
 
 class AcceptLimits:
