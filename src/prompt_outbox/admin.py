@@ -46,6 +46,7 @@ Pairs = Callable[[Sequence[str]], list[tuple[str, str]]]
 """Given queued entries of an idle session, the (old, new) strings to change ('' deletes)."""
 
 R = TypeVar("R")
+Read = TypeVar("Read", Found, Slice)
 P = ParamSpec("P")
 
 
@@ -76,8 +77,9 @@ def _pairs(change: Change) -> Pairs:
     ]
 
 
-def _errors_removed(raws: Sequence[str]) -> list[tuple[str, str]]:
-    return [(raw, "") for raw in raws if decode_entry(raw).status is Status.ERROR]
+def _removed(raws: Sequence[str]) -> list[tuple[str, str]]:
+    """Every entry of a slice removed (its statuses chose them)."""
+    return [(raw, "") for raw in raws]
 
 
 _PARKABLE = (Status.PENDING, Status.VERIFYING)
@@ -238,7 +240,7 @@ class Admin:
     async def dismiss_errors(self, workspace_id: str, session_id: str | None = None) -> BulkResult:
         """Remove every error entry of the session (or of the workspace), as ``retry_errors``."""
         keys = await self._with_errors(workspace_id, session_id)
-        return await self._write_sessions(keys, "dismiss errors", _errors_removed, (Status.ERROR,))
+        return await self._write_sessions(keys, "dismiss errors", _removed, (Status.ERROR,))
 
     async def _with_errors(self, workspace_id: str, session_id: str | None) -> list[SessionKeys]:
         """The session named, or every session of the workspace holding an error entry (the
@@ -269,24 +271,17 @@ class Admin:
 
     # -- how an action sees and changes a session -------------------------------------------
 
-    async def _found(self, k: SessionKeys, entry_id: str) -> Found:
-        """The entry as an operator action must see it: a dead worker's staged entries
-        (staging with no holder) are recovered first, so the action finds them where they
-        belong (in the queue, verifying). Acting around them would miss them (a park that
-        leaves one to be re-sent) or reorder them (a retried older entry behind them). Only
-        the entry is read (``Picks.entry``)."""
-        found = await self._store.picks.entry(k, entry_id)
-        if found.staged and not found.locked:
-            await self._engine.recover_session(k)
-            found = await self._store.picks.entry(k, entry_id)
-        return found
-
-    async def _slice(self, k: SessionKeys, statuses: Sequence[str], skip: int) -> Slice:
-        """A slice of the session's entries in ``statuses``, as ``_found`` sees an entry."""
-        got = await self._store.picks.entries(k, statuses, SLICE_BYTES, skip)
+    async def _settled(self, k: SessionKeys, read: Callable[[], Awaitable[Read]]) -> Read:
+        """What ``read`` reads of the session, as an operator action must see it: a dead
+        worker's staged entries (staging with no holder) are recovered first, so the action
+        finds them where they belong (in the queue, verifying). Acting around them would miss
+        them (a park that leaves one to be re-sent) or reorder them (a retried older entry
+        behind them). ``read``: the one entry (``Picks.entry``) or a slice (``Picks.entries``),
+        never the whole session."""
+        got = await read()
         if got.staged and not got.locked:
             await self._engine.recover_session(k)
-            got = await self._store.picks.entries(k, statuses, SLICE_BYTES, skip)
+            got = await read()
         return got
 
     async def _attempts(
@@ -302,7 +297,7 @@ class Admin:
         returns None (its write missed: the entry changed meanwhile); ``busy`` at once while
         the lock is held, ``gave_up`` after the last miss."""
         for _ in range(SWAP_ATTEMPTS):
-            found = await self._found(k, entry_id)
+            found = await self._settled(k, lambda: self._store.picks.entry(k, entry_id))
             if found.locked:
                 return busy
             result = await attempt(found)
@@ -359,7 +354,8 @@ class Admin:
         for k in keys:
             wrote, skip = False, 0  # skip: what the slices before left as it was
             while True:
-                got = await self._slice(k, statuses, skip)
+                read = functools.partial(self._store.picks.entries, k, statuses, SLICE_BYTES, skip)
+                got = await self._settled(k, read)
                 if got.locked:
                     busy.append(k.ses)
                     break

@@ -76,16 +76,11 @@ holds is counted nowhere: a connection's own cost, bounded by the connection cap
 RESERVE = TRANSPORT_HIGH_WATER + 2 * MAX_PIECE_BYTES
 """Charged to every answer in flight: the transport's buffer and one piece, held by the
 writer and copied into the transport (76 KiB)."""
-READ_FACTOR = 1
-"""What an answer's entries are charged before they are read, per byte they take in Valkey
-(``read_charge``): decoded, an entry holds about what it took there (its text as Python keeps
-it: a byte a character for most texts, up to four beside a wide character); after the read
-the exact charge replaces the estimate (``Hold.settle``)."""
-ONE_ENTRY = RESERVE + (READ_FACTOR + 1) * MIB
+ONE_ENTRY = RESERVE + 2 * MIB
 """Charged while an action on one entry (retry, dismiss, edit) runs: the entry read (the
 largest one can be, a text of 100 KiB escaped and a model of 16 KiB, is under a MiB) and its
 new string."""
-ONE_SLICE = RESERVE + (READ_FACTOR + 1) * SLICE_BYTES
+ONE_SLICE = RESERVE + 2 * SLICE_BYTES
 """Charged while an action on many entries (retry or dismiss a session's or a workspace's
 errors) runs: it reads and rewrites a slice of ``SLICE_BYTES`` at a time."""
 _NOW = datetime.now(UTC)
@@ -107,11 +102,13 @@ def held_size(entry: Entry) -> int:
 def read_charge(stored: int) -> int:
     """What an answer is charged before its entries are read, from the bytes they take in
     Valkey (``Overview.session_bytes``): the read is refused (429 / 503) before it costs the
-    process anything; ``Hold.settle`` then makes it the exact ``charge``. Not ``RESERVE``
-    yet, which the writing needs, not the read: a burst of streams opening on empty sessions
-    (phones reconnecting after a restart) is charged as each one's reset is read, through
-    the feed's bounded reads, not all at once."""
-    return READ_FACTOR * stored
+    process anything; ``Hold.settle`` then makes it the exact ``charge``. Decoded, an entry
+    holds about what it took there (its text as Python keeps it: a byte a character for most
+    texts, up to four beside a wide character), hence one for one. Not ``RESERVE`` yet, which
+    the writing needs, not the read: a burst of streams opening on empty sessions (phones
+    reconnecting after a restart) is charged as each one's reset is read, through the feed's
+    bounded reads, not all at once."""
+    return stored
 
 
 def charge(item: QueueReset | QueueEvent | list[Entry]) -> int:

@@ -194,7 +194,7 @@ local function insert_in_place(queue, raw)
 end
 
 --[[ What the workspace has written that expires on its own (K[LOGBYTES], a HASH), for its
-  byte budget (budget_left below; docs/design.md, "What one tenant may store"):
+  byte budget (budget() below; docs/design.md, "What one tenant may store"):
     '<w>'        the bytes its sessions' event logs took in window w of EVENTS_TTL_MS (window =
                  the server's ms // the width). A log lives at most EVENTS_TTL_MS from its first
                  event (emit), so every byte the logs hold was logged in the current window or
